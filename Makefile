@@ -1,0 +1,92 @@
+# TRL fork: the pinned TRL release + patches/series. See README.md (use) and CONTRIBUTING.md (workflow).
+SHELL := /bin/bash
+.SHELLFLAGS := -o pipefail -ec
+
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+# CPU build of torch; on a GPU machine pass the build you need, e.g. TORCH="torch==2.6.0".
+TORCH ?= torch==2.13.0
+EXTRAS ?= test,deepspeed,peft
+RUFF ?= ruff==0.9.10
+TREE ?= trl-src
+BASE_TAG := v$(shell $(PYTHON) -c "import json; print(json.load(open('patches/base.json'))['version'])")
+OUR_CODE := setup.py tools tests examples benchmarks
+PYTEST_ARGS ?=
+
+export HF_HUB_OFFLINE := 1
+export HF_DATASETS_OFFLINE := 1
+export TOKENIZERS_PARALLELISM := false
+export PIP_DISABLE_PIP_VERSION_CHECK := 1
+
+.PHONY: help install dev materialize export check-roundtrip check-tracked pr-branches info \
+	test test-dist test-slow test-gpu test-all demo prove quality style ci clean
+
+help:  ## list the targets
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed -E 's/:.*## /\t/' | expand -t 18
+
+install:  ## install the fork (non-editable) into the active Python: $(PYTHON) -m pip install .
+	$(PYTHON) -m pip install ".[deepspeed,peft]"
+
+$(VENV)/.installed: setup.py pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet "$(TORCH)"
+	$(PY) -m pip install --quiet --editable ".[$(EXTRAS)]" "$(RUFF)"
+	touch $@
+
+dev: $(VENV)/.installed  ## create $(VENV) with torch, test tools and an editable install on trl-src/
+
+materialize:  ## build trl-src/ as a git repo: base (tagged) + one commit per patch (FORCE=1 replaces it)
+	$(PYTHON) tools/forkbuild.py materialize --dest $(TREE) $(if $(FORCE),--force)
+
+export:  ## regenerate patches/ and patches/series from the commits in trl-src/
+	$(PYTHON) tools/forkbuild.py export --src $(TREE)
+
+check-roundtrip:  ## materialize + export must leave patches/ byte-identical
+	$(PYTHON) tools/forkbuild.py check-roundtrip
+
+check-tracked:  ## fail if git tracks any upstream TRL source
+	$(PYTHON) tools/forkbuild.py check-tracked
+
+pr-branches:  ## make pr/NNNN-* (base + one patch) and pr-stack/NNNN-* branches in trl-src/
+	$(PYTHON) tools/forkbuild.py pr-branches --src $(TREE)
+
+info:  ## show the base and the series
+	$(PYTHON) tools/forkbuild.py info
+
+test: dev  ## the test suite: our tests, the patches' own tests, the fast distributed cells
+	$(PY) -m pytest -m "not slow and not gpu" tests $$($(PY) tools/forkbuild.py patch-tests --tree $(TREE)) $(PYTEST_ARGS)
+
+test-dist: dev  ## every multi-process CPU test (the whole backend matrix)
+	$(PY) -m pytest -m "dist and not gpu" tests/dist $(PYTEST_ARGS)
+
+test-slow: dev  ## the tests `make test` leaves out (slow cells, fresh-venv installs)
+	$(PY) -m pytest -m "slow and not gpu" tests $(PYTEST_ARGS)
+
+test-gpu: dev  ## the GPU cells (needs CUDA)
+	$(PY) -m pytest -m gpu tests $$($(PY) tools/forkbuild.py patch-tests --tree $(TREE)) $(PYTEST_ARGS)
+
+test-all: dev  ## everything but the GPU cells
+	$(PY) -m pytest -m "not gpu" tests $$($(PY) tools/forkbuild.py patch-tests --tree $(TREE)) $(PYTEST_ARGS)
+
+demo: dev  ## GRPO through `trl grpo` on a tiny local model, 2 CPU processes, with a reference model
+	$(PY) examples/demo/run_demo.py $(DEMO_ARGS)
+
+prove: dev  ## each patch's tests on the pristine base (must fail) and with the patch (must pass); prints a table
+	$(PY) tools/prove.py table $(PROVE_ARGS)
+
+quality: dev  ## ruff on our code, and on the files the patches touch (upstream's settings)
+	$(PY) -m ruff check $(OUR_CODE)
+	$(PY) -m ruff format --check $(OUR_CODE)
+	files=$$(git -C $(TREE) diff --name-only --diff-filter=d $(BASE_TAG) -- '*.py'); \
+	if [ -n "$$files" ]; then cd $(TREE) && ../$(PY) -m ruff check $$files && ../$(PY) -m ruff format --check $$files; fi
+
+style: dev  ## apply ruff fixes and formatting to our code
+	$(PY) -m ruff check --fix $(OUR_CODE)
+	$(PY) -m ruff format $(OUR_CODE)
+
+ci: dev check-tracked check-roundtrip quality test test-slow prove  ## what .ci/run runs
+
+clean:  ## remove build products (keeps trl-src/ and $(VENV))
+	rm -rf build dist *.egg-info .pytest_cache

@@ -1,0 +1,285 @@
+"""The build layer: fetching and verifying the base, applying and exporting the series, installing the fork."""
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "tools"))
+import forkbuild  # noqa: E402
+
+
+TOOL = [sys.executable, str(ROOT / "tools" / "forkbuild.py")]
+BASE = forkbuild.load_base()
+SERIES = forkbuild.read_series()
+
+
+def run(command, *, env=None, cwd=None, check=False):
+    merged = {**os.environ, **(env or {})}
+    result = subprocess.run(command, capture_output=True, text=True, env=merged, cwd=cwd)
+    if check and result.returncode != 0:
+        raise AssertionError(f"{command} failed ({result.returncode}):\n{result.stdout}\n{result.stderr}")
+    return result
+
+
+def error_line(result) -> str:
+    """The tool's failure: exit code 1 and exactly one line on stderr, starting with 'error:'."""
+    assert result.returncode == 1, (result.returncode, result.stdout, result.stderr)
+    lines = [line for line in result.stderr.splitlines() if line.strip() and not line.startswith("[trl-fork]")]
+    assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr
+    return lines[0]
+
+
+@pytest.fixture(scope="session")
+def sdist() -> Path:
+    return forkbuild.fetch_sdist(BASE)
+
+
+@pytest.fixture()
+def patches_copy(tmp_path) -> Path:
+    copy = tmp_path / "patches"
+    shutil.copytree(ROOT / "patches", copy)
+    return copy
+
+
+def test_base_pin_is_the_registry_sdist(sdist):
+    assert BASE.sdist == "trl-0.16.1.tar.gz"
+    assert BASE.sha256 == "166acab64811acfbaaa3839688547d78fec806f9b12b99497b168431e13968be"
+    assert forkbuild.sha256_of(sdist) == BASE.sha256
+
+
+def test_wrong_hash_is_rejected_with_one_clear_line(tmp_path, sdist):
+    corrupt = tmp_path / BASE.sdist
+    corrupt.write_bytes(sdist.read_bytes() + b"\0")
+    result = run([*TOOL, "materialize", "--dest", str(tmp_path / "tree")], env={"TRL_FORK_SDIST": str(corrupt)})
+    line = error_line(result)
+    assert str(corrupt) in line and BASE.sha256 in line and forkbuild.sha256_of(corrupt) in line
+    assert not (tmp_path / "tree").exists(), "a failed build must not leave a half-made tree"
+
+
+def test_missing_local_sdist_is_named(tmp_path):
+    result = run([*TOOL, "fetch"], env={"TRL_FORK_SDIST": str(tmp_path / "nope.tar.gz")})
+    assert "TRL_FORK_SDIST=" in error_line(result)
+
+
+def test_offline_copy_is_used_and_verified(tmp_path, sdist):
+    copy = tmp_path / "offline" / BASE.sdist
+    copy.parent.mkdir()
+    shutil.copy(sdist, copy)
+    result = run([*TOOL, "fetch"], env={"TRL_FORK_SDIST": str(copy)}, check=True)
+    assert result.stdout.strip() == str(copy)
+
+
+def test_failed_download_names_the_cause(tmp_path):
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    env = {
+        "TRL_FORK_CACHE": str(tmp_path / "cache"),
+        "PIP_CONFIG_FILE": os.devnull,
+        "PIP_NO_INDEX": "1",
+        "PIP_FIND_LINKS": str(empty),
+    }
+    line = error_line(run([*TOOL, "fetch"], env=env))
+    assert "could not download trl==0.16.1 through pip" in line
+    assert "TRL_FORK_SDIST" in line  # and says how to build offline
+
+
+def test_corrupt_cache_entry_is_not_used(tmp_path, sdist):
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    (cache / BASE.sdist).write_bytes(b"not a tarball")
+    env = {"TRL_FORK_CACHE": str(cache), "PIP_CONFIG_FILE": os.devnull, "PIP_NO_INDEX": "1"}
+    line = error_line(run([*TOOL, "fetch"], env=env))  # discarded, then the (disabled) download fails
+    assert "could not download" in line
+    assert not (cache / BASE.sdist).exists()
+
+
+def test_materialized_tree_is_base_commit_plus_one_commit_per_patch(tmp_path):
+    tree = forkbuild.materialize(tmp_path / "tree")
+    log = forkbuild.git(tree, "log", "--reverse", "--format=%s", f"{BASE.tag}~0..HEAD").stdout.splitlines()
+    assert len(log) == len(SERIES)
+    assert forkbuild.git(tree, "log", "-1", "--format=%s", BASE.tag).stdout.strip() == "trl 0.16.1 (pristine sdist)"
+    for subject, name in zip(log, SERIES):
+        header = (ROOT / "patches" / name).read_text().split("\n---\n", 1)[0]
+        assert f"Subject: [PATCH] {subject}" in header.replace("\n ", " ")
+    assert forkbuild.git(tree, "status", "--porcelain").stdout == "", "generated files must be git-ignored"
+    info = (tree / "trl" / "_fork_info.py").read_text()
+    assert f"VERSION = '0.16.1+fork.{len(SERIES)}'" in info
+    for name in SERIES:
+        assert name in info
+
+
+def test_pristine_base_has_no_fork_info(tmp_path, sdist):
+    tree = forkbuild.materialize(tmp_path / "base", upto=0, fork_info=False)
+    assert not (tree / "trl" / "_fork_info.py").exists()
+    assert 'version__ = "0.16.1"' in (tree / "trl" / "__init__.py").read_text()
+
+
+def test_every_patch_has_upstream_pr_header_and_dep3_trailers():
+    for name in SERIES:
+        text = (ROOT / "patches" / name).read_text()
+        assert re.match(r"\d{4}-[a-z0-9.\-]+\.patch$", name), name
+        assert text.startswith("From 0000000000000000000000000000000000000000 "), name
+        header = text.split("\n---\n", 1)[0]
+        assert re.search(r"^Subject: \[PATCH\] \S", header, re.M), name
+        assert re.search(r"^Forwarded: \S", header, re.M), f"{name}: no Forwarded: trailer"
+        assert re.search(r"^Last-Update: \d{4}-\d{2}-\d{2}$", header, re.M), f"{name}: no Last-Update: trailer"
+        assert re.search(r"^Bug-Fork: #\d+$", header, re.M), f"{name}: no Bug-Fork: trailer naming the issue"
+        assert forkbuild.patch_test_files(Path("/tree"), names=[name]), f"{name} carries no tests under tests/"
+
+
+def test_patch_that_does_not_apply_names_patch_and_file(tmp_path, patches_copy):
+    broken = patches_copy / "9999-broken.patch"
+    broken.write_text(
+        "From 0000000000000000000000000000000000000000 Mon Sep 17 00:00:00 2001\n"
+        "From: Someone <someone@example.invalid>\nDate: Sat, 21 Nov 2026 00:00:00 +0000\n"
+        "Subject: [PATCH] broken\n\n---\n"
+        "diff --git a/trl/core.py b/trl/core.py\n--- a/trl/core.py\n+++ b/trl/core.py\n"
+        "@@ -1,3 +1,3 @@\n-this line is not in the file\n+replacement\n context\n context\n"
+    )
+    with open(patches_copy / "series", "a") as handle:
+        handle.write("9999-broken.patch\n")
+    result = run([*TOOL, "--patches", str(patches_copy), "materialize", "--dest", str(tmp_path / "tree")])
+    line = error_line(result)
+    assert "patch 9999-broken.patch does not apply" in line and "trl/core.py" in line
+    assert not (tmp_path / "tree").exists()
+
+
+def test_series_naming_a_missing_patch_is_an_error(tmp_path, patches_copy):
+    with open(patches_copy / "series", "a") as handle:
+        handle.write("0042-missing.patch\n")
+    line = error_line(run([*TOOL, "--patches", str(patches_copy), "materialize", "--dest", str(tmp_path / "t")]))
+    assert "0042-missing.patch" in line
+
+
+def test_round_trip_leaves_patches_byte_identical():
+    forkbuild.check_roundtrip()
+
+
+def test_edit_commit_export_adds_a_patch_that_materializes_again(tmp_path, patches_copy):
+    tree = forkbuild.materialize(tmp_path / "tree", patches_dir=patches_copy)
+    (tree / "trl" / "core.py").write_text((tree / "trl" / "core.py").read_text() + "\n# an edit\n")
+    forkbuild.git(tree, "commit", "-q", "-am", "core: an edit\n\nBug-Fork: #99\nForwarded: no\nLast-Update: 2026-11-21")
+    names = forkbuild.export(tree, patches_dir=patches_copy)
+    assert len(names) == len(SERIES) + 1 and names[-1].endswith("-core-an-edit.patch")
+    assert forkbuild.read_series(patches_copy) == names
+    assert forkbuild.patch_issues(patches_copy / names[-1]) == (99,)
+    again = forkbuild.materialize(tmp_path / "again", patches_dir=patches_copy)
+    assert (again / "trl" / "core.py").read_text().endswith("# an edit\n")
+    assert "(99,)" in (again / "trl" / "_fork_info.py").read_text()
+
+
+def test_export_refuses_uncommitted_changes(tmp_path, patches_copy):
+    tree = forkbuild.materialize(tmp_path / "tree", patches_dir=patches_copy)
+    (tree / "trl" / "core.py").write_text("changed\n")
+    with pytest.raises(forkbuild.BuildError, match="uncommitted changes"):
+        forkbuild.export(tree, patches_dir=patches_copy)
+
+
+def test_pr_branches(tmp_path):
+    tree = forkbuild.materialize(tmp_path / "tree")
+    report = forkbuild.pr_branches(tree)
+    branches = forkbuild.git(tree, "branch", "--format=%(refname:short)").stdout.split()
+    for index in range(1, len(SERIES) + 1):
+        stack = [b for b in branches if b.startswith(f"pr-stack/{index:04d}-")]
+        assert len(stack) == 1
+        count = forkbuild.git(tree, "rev-list", "--count", f"{BASE.tag}..{stack[0]}").stdout.strip()
+        assert count == str(index)
+        alone = [b for b in branches if b.startswith(f"pr/{index:04d}-")]
+        if alone:
+            assert forkbuild.git(tree, "rev-list", "--count", f"{BASE.tag}..{alone[0]}").stdout.strip() == "1"
+        else:
+            assert any(line.startswith(f"pr/{index:04d}-") and "needs earlier patches" in line for line in report)
+    assert forkbuild.git(tree, "worktree", "list").stdout.count("\n") == 1, "scratch worktree left behind"
+
+
+def test_git_tracks_no_upstream_source():
+    assert forkbuild.tracked_upstream_files() == []
+
+
+def test_dependencies_have_tested_upper_bounds(tmp_path):
+    sys.path.insert(0, str(ROOT))
+    tree = forkbuild.materialize(tmp_path / "tree")
+    metadata = forkbuild.upstream_metadata(tree)
+    assert metadata["__version__"] == BASE.version
+    source = (ROOT / "setup.py").read_text()
+    for name in ("transformers", "accelerate", "datasets", "peft", "deepspeed"):
+        assert re.search(rf'"{name}": "<[\d.]+"', source), f"no tested upper bound for {name}"
+
+
+# ------------------------------------------------------------------------------------ builds from a clone
+
+
+@pytest.fixture(scope="module")
+def clone(tmp_path_factory) -> Path:
+    """A fresh clone of the committed state of this repository (what `pip install git+...` sees)."""
+    dest = tmp_path_factory.mktemp("clone") / "trl-fork"
+    run(["git", "clone", "--quiet", "--no-local", str(ROOT), str(dest)], check=True)
+    return dest
+
+
+@pytest.mark.build
+def test_wheel_from_fresh_clone(clone, tmp_path):
+    series = forkbuild.read_series(clone / "patches")
+    run([sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "-w", str(tmp_path), str(clone)], check=True)
+    (wheel,) = tmp_path.glob("trl-*.whl")
+    version = f"0.16.1+fork.{len(series)}"
+    assert wheel.name.startswith(f"trl-{version}-")
+    with zipfile.ZipFile(wheel) as archive:
+        names = archive.namelist()
+        info = archive.read("trl/_fork_info.py").decode()
+        metadata = archive.read(f"trl-{version}.dist-info/METADATA").decode()
+    assert "trl/trainer/grpo_trainer.py" in names and not any(n.startswith("tests/") for n in names)
+    assert all(name in info for name in series)
+    assert re.search(r"^Requires-Dist: transformers<[\d.]+,>=4\.46\.0$", metadata, re.M)
+
+    site = tmp_path / "site"
+    run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--target", str(site), str(wheel)], check=True)
+    env = {"PYTHONPATH": str(site)}
+    out = run([sys.executable, "-c", "import trl; print(trl.__version__, trl.__file__)"], env=env, check=True)
+    assert out.stdout.split()[0] == version and out.stdout.split()[1].startswith(str(site))
+    env_out = run([sys.executable, "-m", "trl.cli", "env"], env=env, check=True).stdout
+    assert f"- TRL version: {version}" in env_out and "- TRL base version: 0.16.1" in env_out
+    for name in series:
+        assert f"  - {name}" in env_out
+    help_out = run([str(site / "bin" / "trl"), "grpo", "--help"], env=env, check=True).stdout
+    assert "--beta" in help_out
+
+
+@pytest.mark.build
+def test_editable_install_points_at_the_development_tree(clone, tmp_path):
+    venv = tmp_path / "venv"
+    run([sys.executable, "-m", "venv", str(venv)], check=True)
+    run([str(venv / "bin" / "python"), "-m", "pip", "install", "--quiet", "--no-deps", "-e", str(clone)], check=True)
+    code = "import importlib.util; print(importlib.util.find_spec('trl').origin)"
+    origin = run([str(venv / "bin" / "python"), "-c", code], check=True).stdout.strip()
+    assert origin == str(clone / "trl-src" / "trl" / "__init__.py")
+    assert (clone / "trl-src" / ".git").is_dir()  # the development tree is a git repo to edit
+
+
+@pytest.mark.build
+@pytest.mark.slow
+def test_pip_install_git_url_in_a_fresh_venv(clone, tmp_path):
+    """What users do: `pip install git+<fork>` into a new environment, then the `trl` CLI."""
+    venv = tmp_path / "venv"
+    pip = [str(venv / "bin" / "python"), "-m", "pip", "install", "--quiet"]
+    run([sys.executable, "-m", "venv", str(venv)], check=True)
+    run([*pip, "torch==2.13.0"], check=True)  # the CPU build; README says so for this machine
+    run([*pip, f"trl @ git+file://{clone}"], check=True)
+    trl = str(venv / "bin" / "trl")
+    env_out = run([trl, "env"], check=True).stdout
+    series = forkbuild.read_series(clone / "patches")
+    assert f"- TRL version: 0.16.1+fork.{len(series)}" in env_out
+    assert all(f"  - {name}" in env_out for name in series)
+    assert "--num_generations" in run([trl, "grpo", "--help"], check=True).stdout
+    versions = json.loads(run([*pip[:-2], "list", "--format=json"], check=True).stdout)
+    installed = {p["name"].lower(): p["version"] for p in versions}
+    assert installed["transformers"].startswith("4.")  # the tested bound kept transformers 5.x out

@@ -1,0 +1,164 @@
+"""Run tests against the pristine base and against the fork, to show what each patch fixes.
+
+    python tools/prove.py run --tree base -- tests/dist -k grpo    # any selection, on the pristine base
+    python tools/prove.py run --tree fork -- tests/dist -k grpo    # the same, on base + the whole series
+    python tools/prove.py run --tree 3 -- ...                      # base + the first 3 patches
+    python tools/prove.py table [--matrix]                         # every patch: its tests before and after
+
+Trees are materialized from ``patches/`` into ``build/trees/`` (rebuilt when the series changes) and selected
+with ``PYTHONPATH``, which also reaches the workers that ``accelerate launch`` starts; the installed ``trl`` is
+never touched. The table runs each patch's own test files (those its diff adds or changes under ``tests/``)
+on the pristine base, where at least one must fail, and on base + the series up to that patch, where all must
+pass. ``--matrix`` also runs the distributed matrix (``tests/dist``) on both trees and lists the cells that flip.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import tempfile
+import time
+import xml.etree.ElementTree as ET
+from dataclasses import dataclass, field
+from pathlib import Path
+
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import forkbuild  # noqa: E402
+
+
+TREES = forkbuild.ROOT / "build" / "trees"
+
+
+def tree_for(selector: str) -> Path:
+    """``base`` (pristine, no fork info), ``fork`` (whole series) or a number of patches."""
+    series = forkbuild.read_series()
+    upto = {"base": 0, "fork": len(series)}.get(selector)
+    if upto is None:
+        upto = int(selector)
+        if not 0 <= upto <= len(series):
+            raise SystemExit(f"error: --tree {selector}: the series has {len(series)} patches")
+    dest = TREES / ("base" if upto == 0 else f"upto-{upto:04d}")
+    stamp = dest / ".fork-stamp"
+    wanted = forkbuild.fingerprint(series=series[:upto])
+    if not (stamp.is_file() and stamp.read_text().strip() == wanted):
+        forkbuild.materialize(dest, upto=upto, force=True, fork_info=upto > 0)
+    return dest
+
+
+def run_pytest(tree: Path, args: list[str], junit: Path | None = None) -> int:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(tree), env.get("PYTHONPATH")]))
+    env.setdefault("HF_HUB_OFFLINE", "1")
+    command = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", *args]
+    if junit is not None:
+        command.append(f"--junitxml={junit}")
+    return subprocess.run(command, env=env, cwd=forkbuild.ROOT).returncode
+
+
+@dataclass
+class Outcome:
+    counts: dict[str, int] = field(default_factory=dict)
+    cells: dict[str, str] = field(default_factory=dict)
+    seconds: float = 0.0
+
+    def summary(self) -> str:
+        order = ("passed", "failed", "error", "xfailed", "skipped")
+        parts = [f"{self.counts[k]} {k}" for k in order if self.counts.get(k)]
+        return ", ".join(parts) or "nothing ran"
+
+
+def outcome_from_junit(path: Path, seconds: float) -> Outcome:
+    outcome = Outcome(seconds=seconds)
+    if not path.exists():
+        return outcome
+    for case in ET.parse(path).iter("testcase"):
+        name = f"{case.get('classname')}::{case.get('name')}"
+        result = "passed"
+        for child in case:
+            if child.tag in ("failure", "error"):
+                result = "failed" if child.tag == "failure" else "error"
+            elif child.tag == "skipped":
+                result = "xfailed" if child.get("type") == "pytest.xfail" else "skipped"
+        outcome.cells[name] = result
+        outcome.counts[result] = outcome.counts.get(result, 0) + 1
+    return outcome
+
+
+def measure(tree: Path, args: list[str]) -> Outcome:
+    with tempfile.TemporaryDirectory(prefix="trl-prove-") as tmp:
+        junit = Path(tmp) / "junit.xml"
+        start = time.monotonic()
+        run_pytest(tree, ["-q", "--no-header", "-rN", *args], junit)
+        return outcome_from_junit(junit, time.monotonic() - start)
+
+
+def table(matrix: bool, extra: list[str]) -> int:
+    series = forkbuild.read_series()
+    base_tree = tree_for("base")
+    rows, ok = [], True
+    for index, name in enumerate(series, start=1):
+        after_tree = tree_for(str(index))
+        tests = forkbuild.patch_test_files(after_tree, names=[name])
+        if not tests:
+            rows.append((name, "-", "no tests in patch", "-", "MISSING TESTS"))
+            ok = False
+            continue
+        selection = [str(t) for t in tests] + ["-m", "not gpu", *extra]
+        before = measure(base_tree, selection)
+        after = measure(after_tree, selection)
+        before_fails = before.counts.get("failed", 0) + before.counts.get("error", 0) > 0
+        after_passes = after.counts.get("passed", 0) > 0 and set(after.counts) <= {"passed", "skipped"}
+        verdict = "OK" if before_fails and after_passes else "NOT PROVEN"
+        ok &= verdict == "OK"
+        rows.append((name, str(len(after.cells)), before.summary(), after.summary(), verdict))
+        print(f"[prove] {name}: base {before.summary()} | fork {after.summary()} -> {verdict}", flush=True)
+
+    widths = [max(len(row[i]) for row in rows + [HEADER]) for i in range(5)] if rows else [10] * 5
+    print("\nRegression tests of each patch: pristine base vs base + series up to the patch")
+    for row in [HEADER, tuple("-" * w for w in widths), *rows]:
+        print("  ".join(cell.ljust(width) for cell, width in zip(row, widths)))
+
+    if matrix:
+        selection = ["tests/dist", "-m", "dist and not gpu", *extra]
+        on_base = measure(base_tree, selection)
+        on_fork = measure(tree_for("fork"), selection)
+        flipped = sorted(c for c, r in on_base.cells.items() if r == "xfailed" and on_fork.cells.get(c) == "passed")
+        print("\nDistributed matrix (tests/dist)")
+        print(f"  pristine base: {on_base.summary()} ({on_base.seconds:.0f} s)")
+        print(f"  fork:          {on_fork.summary()} ({on_fork.seconds:.0f} s)")
+        print(f"  cells broken on the base and passing on the fork: {len(flipped)}")
+        for cell in flipped:
+            print(f"    {cell}")
+        ok &= not any(r in ("failed", "error") for r in [*on_base.cells.values(), *on_fork.cells.values()])
+    print("\nresult:", "every patch proven" if ok else "NOT every patch is proven (see above)")
+    return 0 if ok else 1
+
+
+HEADER = ("patch", "tests", "pristine base", "with the patch", "verdict")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    p = sub.add_parser("run", help="run pytest against one tree")
+    p.add_argument("--tree", default="fork", help="base, fork, or a number of patches (default: fork)")
+    p.add_argument("pytest_args", nargs=argparse.REMAINDER)
+    p = sub.add_parser("table", help="each patch's tests: base vs fork")
+    p.add_argument("--matrix", action="store_true", help="also run tests/dist on both trees and list flipped cells")
+    p.add_argument("pytest_args", nargs=argparse.REMAINDER)
+    args = parser.parse_args(argv)
+    extra = [a for a in args.pytest_args if a != "--"]
+    try:
+        if args.command == "run":
+            return run_pytest(tree_for(args.tree), extra)
+        return table(args.matrix, extra)
+    except forkbuild.BuildError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
