@@ -482,7 +482,7 @@ def tracked_upstream_files(repo: Path = ROOT, patches_dir: Path = PATCHES_DIR) -
     tracked = subprocess.run(["git", "-C", str(repo), "ls-files", "-z"], capture_output=True, check=True).stdout
     for rel in filter(None, tracked.decode().split("\0")):
         path = repo / rel
-        if rel.startswith("trl/") or (rel in upstream_paths and rel.endswith(".py")):
+        if rel.startswith("trl/") or (rel in upstream_paths and rel.startswith("tests/")):
             offenders.append(rel)
         elif path.is_file() and hashlib.sha256(path.read_bytes()).hexdigest() in upstream_hashes:
             offenders.append(rel)
