@@ -247,7 +247,12 @@ def _extract(sdist: Path, dest: Path) -> None:
             if member.name == prefix[:-1] and member.isdir():
                 member.name = ""
                 continue
-            if not member.name.startswith(prefix) or ".." in Path(member.name).parts or member.issym() or member.islnk():
+            if (
+                not member.name.startswith(prefix)
+                or ".." in Path(member.name).parts
+                or member.issym()
+                or member.islnk()
+            ):
                 raise BuildError(f"{sdist} contains an unexpected entry {member.name!r}")
             member.name = member.name[len(prefix) :]
         kwargs = {"filter": "data"} if hasattr(tarfile, "data_filter") else {}
@@ -323,7 +328,12 @@ def materialize(
         applied = []
         for name in series:
             result = git(
-                dest, "am", "--quiet", "--committer-date-is-author-date", str((patches_dir / name).resolve()), check=False
+                dest,
+                "am",
+                "--quiet",
+                "--committer-date-is-author-date",
+                str((patches_dir / name).resolve()),
+                check=False,
             )
             if result.returncode != 0:
                 git(dest, "am", "--abort", check=False)
@@ -381,7 +391,9 @@ def check_roundtrip(patches_dir: Path = PATCHES_DIR) -> None:
         out.mkdir()
         shutil.copy(patches_dir / "base.json", out / "base.json")
         export(tree, patches_dir=out)
-        expected = {p.name: p.read_bytes() for p in patches_dir.iterdir() if p.name == "series" or p.suffix == ".patch"}
+        expected = {
+            p.name: p.read_bytes() for p in patches_dir.iterdir() if p.name == "series" or p.suffix == ".patch"
+        }
         actual = {p.name: p.read_bytes() for p in out.iterdir() if p.name == "series" or p.suffix == ".patch"}
         if expected != actual:
             differing = sorted(n for n in expected.keys() | actual.keys() if expected.get(n) != actual.get(n))
@@ -404,7 +416,13 @@ def pr_branches(src: Path = DEV_TREE, *, patches_dir: Path = PATCHES_DIR) -> lis
                 git(scratch, "checkout", "--quiet", "--detach", base.tag)
                 picked = git(scratch, "cherry-pick", commit, check=False)
                 if picked.returncode == 0:
-                    git(src, "branch", "--force", f"pr/{index:04d}-{slug}", git(scratch, "rev-parse", "HEAD").stdout.strip())
+                    git(
+                        src,
+                        "branch",
+                        "--force",
+                        f"pr/{index:04d}-{slug}",
+                        git(scratch, "rev-parse", "HEAD").stdout.strip(),
+                    )
                     report.append(f"pr/{index:04d}-{slug}: {base.tag} + this patch")
                 else:
                     git(scratch, "cherry-pick", "--abort", check=False)

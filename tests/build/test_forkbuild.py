@@ -167,7 +167,9 @@ def test_round_trip_leaves_patches_byte_identical():
 def test_edit_commit_export_adds_a_patch_that_materializes_again(tmp_path, patches_copy):
     tree = forkbuild.materialize(tmp_path / "tree", patches_dir=patches_copy)
     (tree / "trl" / "core.py").write_text((tree / "trl" / "core.py").read_text() + "\n# an edit\n")
-    forkbuild.git(tree, "commit", "-q", "-am", "core: an edit\n\nBug-Fork: #99\nForwarded: no\nLast-Update: 2026-11-21")
+    forkbuild.git(
+        tree, "commit", "-q", "-am", "core: an edit\n\nBug-Fork: #99\nForwarded: no\nLast-Update: 2026-11-21"
+    )
     names = forkbuild.export(tree, patches_dir=patches_copy)
     assert len(names) == len(SERIES) + 1 and names[-1].endswith("-core-an-edit.patch")
     assert forkbuild.read_series(patches_copy) == names
@@ -242,7 +244,9 @@ def test_wheel_from_fresh_clone(clone, tmp_path):
     assert re.search(r"^Requires-Dist: transformers<[\d.]+,>=4\.46\.0$", metadata, re.M)
 
     site = tmp_path / "site"
-    run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--target", str(site), str(wheel)], check=True)
+    run(
+        [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--target", str(site), str(wheel)], check=True
+    )
     env = {"PYTHONPATH": str(site)}
     out = run([sys.executable, "-c", "import trl; print(trl.__version__, trl.__file__)"], env=env, check=True)
     assert out.stdout.split()[0] == version and out.stdout.split()[1].startswith(str(site))
