@@ -1,0 +1,89 @@
+"""Start-up hook of processes launched by the test harness (``tests/harness/launcher.py``).
+
+The launcher *prepends* this directory to ``PYTHONPATH``, so Python imports this module at start-up in the
+launcher process and in every worker it spawns.  Each feature is off unless its variable is set:
+
+- ``TRL_HARNESS_CPU_FSDP=1``      install the CPU FSDP shim (``tests/harness/cpu_shims.py``).
+- ``TRL_HARNESS_DS_NO_SHM=1``     DeepSpeed on CPU without its JIT-compiled shared-memory comm op.
+- ``TRL_HARNESS_ERROR_DIR=<dir>`` write the traceback of an uncaught exception to
+                                  ``<dir>/traceback-rank<RANK>-<pid>.txt`` and register a faulthandler
+                                  dump on SIGUSR1 (``<dir>/stacks-rank<RANK>-<pid>.txt``), which the
+                                  launcher sends before it kills a launch that timed out.
+- ``TRL_HARNESS_PRELOAD=<files>`` ``os.pathsep``-separated Python files executed at start-up (the demo's
+                                  hook that prints where the reference model lives).
+
+A ``sitecustomize`` that this one shadows (one later on ``sys.path``) is still executed.
+"""
+
+import os
+import sys
+
+
+_HERE = os.path.dirname(os.path.abspath(__file__))
+_HARNESS = os.path.dirname(_HERE)
+
+
+def _run_file(path, name):
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def _chain_shadowed_sitecustomize():
+    for entry in sys.path:
+        try:
+            if not entry or os.path.samefile(entry, _HERE):
+                continue
+        except OSError:
+            continue
+        candidate = os.path.join(entry, "sitecustomize.py")
+        if os.path.isfile(candidate):
+            _run_file(candidate, "_trl_harness_shadowed_sitecustomize")
+            return
+
+
+def _rank_tag():
+    return os.environ.get("RANK", os.environ.get("LOCAL_RANK", "main"))
+
+
+def _install_error_capture(directory):
+    import faulthandler
+    import signal
+    import traceback
+
+    os.makedirs(directory, exist_ok=True)
+    tag = f"rank{_rank_tag()}-{os.getpid()}"
+    previous_hook = sys.excepthook
+
+    def excepthook(exc_type, exc, tb):
+        try:
+            with open(os.path.join(directory, f"traceback-{tag}.txt"), "w") as f:
+                f.write(f"argv: {sys.argv}\n")
+                f.write("".join(traceback.format_exception(exc_type, exc, tb)))
+        except Exception:
+            pass
+        previous_hook(exc_type, exc, tb)
+
+    sys.excepthook = excepthook
+    if hasattr(signal, "SIGUSR1"):
+        stacks = open(os.path.join(directory, f"stacks-{tag}.txt"), "w")  # noqa: SIM115 (lives with the process)
+        faulthandler.register(signal.SIGUSR1, file=stacks, all_threads=True, chain=False)
+
+
+try:
+    _chain_shadowed_sitecustomize()
+except Exception as exc:  # never break interpreter start-up
+    print(f"[trl-harness] shadowed sitecustomize failed: {exc!r}", file=sys.stderr)
+
+if os.environ.get("TRL_HARNESS_ERROR_DIR"):
+    _install_error_capture(os.environ["TRL_HARNESS_ERROR_DIR"])
+
+if os.environ.get("TRL_HARNESS_CPU_FSDP") == "1" or os.environ.get("TRL_HARNESS_DS_NO_SHM") == "1":
+    _run_file(os.path.join(_HARNESS, "cpu_shims.py"), "_trl_harness_cpu_shims").install_from_env()
+
+for _i, _path in enumerate(p for p in os.environ.get("TRL_HARNESS_PRELOAD", "").split(os.pathsep) if p):
+    _run_file(_path, f"_trl_harness_preload_{_i}")
