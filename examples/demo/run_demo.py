@@ -1,8 +1,8 @@
 #!/usr/bin/env python
 """Demo: GRPO with a reference model through the real ``trl grpo`` CLI, 2 CPU ranks, a few minutes at most.
 
-    python examples/demo/run_demo.py                    # DeepSpeed ZeRO-3 (default)
-    python examples/demo/run_demo.py --backend fsdp1    # or fsdp2, ddp
+    python examples/demo/run_demo.py                    # FSDP2 (default)
+    python examples/demo/run_demo.py --backend zero3    # or fsdp1, ddp
 
 What it does, offline and without a GPU:
 1. builds the tiny fixtures (policy, reward model, tokenizer, prompt dataset) into a work directory;
