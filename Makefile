@@ -58,11 +58,12 @@ info:  ## show the base and the series
 test: dev  ## the test suite: our tests, the patches' own tests, the fast distributed cells
 	$(PY) -m pytest -m "not slow and not gpu" tests $$($(PY) tools/forkbuild.py patch-tests --tree $(TREE)) $(PYTEST_ARGS)
 
-test-dist: dev  ## every multi-process CPU test (the whole backend matrix)
-	$(PY) -m pytest -m "dist and not gpu" tests/dist $(PYTEST_ARGS)
+DIST_MARK ?= dist and not gpu
+test-dist: dev  ## every multi-process CPU test: the whole backend matrix (DIST_MARK narrows it)
+	$(PY) -m pytest -m "$(DIST_MARK)" tests/dist $(PYTEST_ARGS)
 
-test-slow: dev  ## the tests `make test` leaves out (slow cells, fresh-venv installs)
-	$(PY) -m pytest -m "slow and not gpu" tests $(PYTEST_ARGS)
+test-slow: dev  ## the slow tests that launch no distributed job (fresh-venv `pip install git+...`)
+	$(PY) -m pytest -m "slow and not dist and not gpu" tests $(PYTEST_ARGS)
 
 test-gpu: dev  ## the GPU cells (needs CUDA)
 	$(PY) -m pytest -m gpu tests $$($(PY) tools/forkbuild.py patch-tests --tree $(TREE)) $(PYTEST_ARGS)
@@ -86,7 +87,9 @@ style: dev  ## apply ruff fixes and formatting to our code
 	$(PY) -m ruff check --fix $(OUR_CODE)
 	$(PY) -m ruff format $(OUR_CODE)
 
-ci: dev check-tracked check-roundtrip quality test test-slow prove  ## what .ci/run runs
+ci: dev check-tracked check-roundtrip quality test  ## what .ci/run runs (it also runs the slow matrix cells)
+	$(MAKE) test-dist DIST_MARK="dist and slow and not gpu"
+	$(MAKE) test-slow prove
 
 clean:  ## remove build products (keeps trl-src/ and $(VENV))
 	rm -rf build dist *.egg-info .pytest_cache
