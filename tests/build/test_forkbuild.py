@@ -126,7 +126,7 @@ def test_pristine_base_has_no_fork_info(tmp_path, sdist):
 def test_every_patch_has_upstream_pr_header_and_dep3_trailers():
     for name in SERIES:
         text = (ROOT / "patches" / name).read_text()
-        assert re.match(r"\d{4}-[a-z0-9.\-]+\.patch$", name), name
+        assert re.match(r"\d{4}-[A-Za-z0-9._\-]+\.patch$", name), name
         assert text.startswith("From 0000000000000000000000000000000000000000 "), name
         header = text.split("\n---\n", 1)[0]
         assert re.search(r"^Subject: \[PATCH\] \S", header, re.M), name
