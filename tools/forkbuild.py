@@ -485,7 +485,8 @@ def patch_test_files(tree: Path, patches_dir: Path = PATCHES_DIR, names: list[st
 
 
 def tracked_upstream_files(repo: Path = ROOT, patches_dir: Path = PATCHES_DIR) -> list[str]:
-    """Files tracked by git in ``repo`` whose content is a file of the upstream sdist, or that sit at its paths."""
+    """Tracked files that are upstream source: a file of the sdist (by content or path), or, outside ``patches/``,
+    anything carrying upstream's copyright header (a copied file, or a diff of upstream code kept elsewhere)."""
     base = load_base(patches_dir)
     sdist = fetch_sdist(base)
     upstream_hashes, upstream_paths = set(), set()
@@ -496,6 +497,7 @@ def tracked_upstream_files(repo: Path = ROOT, patches_dir: Path = PATCHES_DIR) -
                 if len(data.strip()) > 200:  # ignore trivial files (empty __init__.py, one-line configs)
                     upstream_hashes.add(hashlib.sha256(data).hexdigest())
                 upstream_paths.add(member.name.split("/", 1)[1])
+    upstream_header = re.compile(r"Copyright \d{4} The HuggingFace Team")
     offenders = []
     tracked = subprocess.run(["git", "-C", str(repo), "ls-files", "-z"], capture_output=True, check=True).stdout
     for rel in filter(None, tracked.decode().split("\0")):
@@ -504,6 +506,12 @@ def tracked_upstream_files(repo: Path = ROOT, patches_dir: Path = PATCHES_DIR) -
             offenders.append(rel)
         elif path.is_file() and hashlib.sha256(path.read_bytes()).hexdigest() in upstream_hashes:
             offenders.append(rel)
+        elif (
+            not rel.startswith("patches/")
+            and path.is_file()
+            and upstream_header.search(path.read_text(errors="replace"))
+        ):
+            offenders.append(rel)  # upstream code (or a diff of it) outside patches/
     return offenders
 
 
