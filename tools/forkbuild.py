@@ -439,13 +439,18 @@ def pr_branches(src: Path = DEV_TREE, *, patches_dir: Path = PATCHES_DIR) -> lis
 # ------------------------------------------------------------------------------------------- for setup.py
 
 
-def build_tree(patches_dir: Path = PATCHES_DIR, dest: Path = BUILD_TREE) -> Path:
-    """The tree a (non-editable) wheel is built from: always exactly base + series, rebuilt when they change."""
+def build_tree(patches_dir: Path = PATCHES_DIR, dest: Path = BUILD_TREE, *, upto: int | None = None) -> Path:
+    """A tree of exactly base + series (or its first ``upto`` patches), rebuilt only when they change.
+
+    Wheels are built from it; ``tools/prove.py`` keeps one per prefix of the series. ``upto=0`` is the pristine
+    base, without the generated ``trl/_fork_info.py``.
+    """
+    series = read_series(patches_dir)[:upto]
     stamp = dest / ".fork-stamp"
-    if stamp.is_file() and stamp.read_text().strip() == fingerprint(patches_dir):
+    if stamp.is_file() and stamp.read_text().strip() == fingerprint(patches_dir, series):
         return dest
-    log(f"applying {len(read_series(patches_dir))} patch(es) onto the base in {dest}")
-    return materialize(dest, patches_dir=patches_dir, force=True)
+    log(f"applying {len(series)} patch(es) onto the base in {dest}")
+    return materialize(dest, patches_dir=patches_dir, upto=upto, force=True, fork_info=upto != 0)
 
 
 def dev_tree(patches_dir: Path = PATCHES_DIR, dest: Path = DEV_TREE) -> Path:

@@ -40,12 +40,7 @@ def tree_for(selector: str) -> Path:
         upto = int(selector)
         if not 0 <= upto <= len(series):
             raise SystemExit(f"error: --tree {selector}: the series has {len(series)} patches")
-    dest = TREES / ("base" if upto == 0 else f"upto-{upto:04d}")
-    stamp = dest / ".fork-stamp"
-    wanted = forkbuild.fingerprint(series=series[:upto])
-    if not (stamp.is_file() and stamp.read_text().strip() == wanted):
-        forkbuild.materialize(dest, upto=upto, force=True, fork_info=upto > 0)
-    return dest
+    return forkbuild.build_tree(dest=TREES / ("base" if upto == 0 else f"upto-{upto:04d}"), upto=upto)
 
 
 def run_pytest(tree: Path, args: list[str], junit: Path | None = None) -> int:
