@@ -45,9 +45,10 @@ import ctypes
 import gc
 import json
 import os
-import socket
 import sys
 import tempfile
+
+from _common import add_model_args, build_qwen2, free_port
 
 
 VARIANTS = {1: ("base", "base-dpo", "fork"), 2: ("base", "root-only", "fork")}
@@ -60,10 +61,7 @@ def parse_args(argv=None):
     parser.add_argument("--variants", default=None, help="comma-separated subset of base,base-dpo,root-only,fork")
     parser.add_argument("--fork-trl", default=None, help="directory holding the fork's `trl` package")
     parser.add_argument("--base-trl", default=None, help="directory holding pristine TRL 0.16.1 (for base-dpo)")
-    parser.add_argument("--layers", type=int, default=12)
-    parser.add_argument("--hidden", type=int, default=768)
-    parser.add_argument("--intermediate", type=int, default=2048)
-    parser.add_argument("--vocab", type=int, default=32000)
+    add_model_args(parser, vocab=32000)
     parser.add_argument("--batch", type=int, default=2)
     parser.add_argument("--seq", type=int, default=64)
     parser.add_argument("--json", default=None, help="write the results to this file")
@@ -144,12 +142,6 @@ def _is_fsdp_unit(module):
 # ----------------------------------------------------------------------------------------------- worker
 
 
-def _free_port():
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def _worker(rank, world_size, port, options, variant, fsdp_version, result_dir):
     os.environ.update(
         MASTER_ADDR="127.0.0.1",
@@ -167,7 +159,6 @@ def _worker(rank, world_size, port, options, variant, fsdp_version, result_dir):
     from accelerate import Accelerator
     from accelerate.state import AcceleratorState, PartialState
     from accelerate.utils import DistributedType, FullyShardedDataParallelPlugin
-    from transformers import Qwen2Config, Qwen2ForCausalLM
 
     torch.set_num_threads(1)
     plugin = FullyShardedDataParallelPlugin(
@@ -191,17 +182,7 @@ def _worker(rank, world_size, port, options, variant, fsdp_version, result_dir):
     accelerator = Accelerator(cpu=True)
     heap = _heap_reader()
 
-    config = Qwen2Config(
-        vocab_size=options["vocab"],
-        hidden_size=options["hidden"],
-        intermediate_size=options["intermediate"],
-        num_hidden_layers=options["layers"],
-        num_attention_heads=12 if options["hidden"] % 12 == 0 else 8,
-        num_key_value_heads=4,
-        tie_word_embeddings=False,
-    )
-    torch.manual_seed(0)
-    model = Qwen2ForCausalLM(config)
+    model = build_qwen2(options)
     model.eval()
     full_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
     num_params = sum(p.numel() for p in model.parameters())
@@ -244,7 +225,7 @@ def _worker(rank, world_size, port, options, variant, fsdp_version, result_dir):
         handles.append(module.register_forward_hook(sample))
 
     generator = torch.Generator().manual_seed(1)
-    input_ids = torch.randint(0, config.vocab_size, (options["batch"], options["seq"]), generator=generator)
+    input_ids = torch.randint(0, options["vocab"], (options["batch"], options["seq"]), generator=generator)
     results = []
     with torch.no_grad():
         for _ in range(2):  # the first forward pass also runs FSDP's lazy initialization
@@ -311,7 +292,7 @@ def main(argv=None):
                     continue
                 mp.spawn(
                     _worker,
-                    args=(args.ranks, _free_port(), options, variant, fsdp_version, result_dir),
+                    args=(args.ranks, free_port(), options, variant, fsdp_version, result_dir),
                     nprocs=args.ranks,
                 )
                 for rank in range(args.ranks):

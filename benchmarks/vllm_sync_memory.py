@@ -42,11 +42,12 @@ import gc
 import json
 import os
 import re
-import socket
 import statistics
 import sys
 import tempfile
 import time
+
+from _common import add_model_args, build_qwen2, free_port
 
 
 BACKENDS = ("fsdp1", "fsdp2", "zero3")
@@ -59,10 +60,7 @@ def parse_args(argv=None):
     parser.add_argument("--peft", default="off,on", help="off, on, or off,on")
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--bucket-mb", type=float, default=None, help="default: the fork's default")
-    parser.add_argument("--layers", type=int, default=12)
-    parser.add_argument("--hidden", type=int, default=768)
-    parser.add_argument("--intermediate", type=int, default=2048)
-    parser.add_argument("--vocab", type=int, default=16000)
+    add_model_args(parser, vocab=16000)
     parser.add_argument("--lora-r", type=int, default=16)
     parser.add_argument("--json", default=None, help="write the results to this file")
     return parser.parse_args(argv)
@@ -111,20 +109,7 @@ def _collectives(fn):
 
 
 def _build_model(options, peft):
-    import torch
-    from transformers import Qwen2Config, Qwen2ForCausalLM
-
-    config = Qwen2Config(
-        vocab_size=options["vocab"],
-        hidden_size=options["hidden"],
-        intermediate_size=options["intermediate"],
-        num_hidden_layers=options["layers"],
-        num_attention_heads=12 if options["hidden"] % 12 == 0 else 8,
-        num_key_value_heads=4,
-        tie_word_embeddings=False,
-    )
-    torch.manual_seed(0)
-    model = Qwen2ForCausalLM(config)
+    model = build_qwen2(options)
     if peft:
         from peft import LoraConfig, get_peft_model
 
@@ -404,12 +389,6 @@ def _worker(rank, world_size, port, options, backend, result_path):
 # ----------------------------------------------------------------------------------------------- main
 
 
-def _free_port():
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def main(argv=None):
     args = parse_args(argv)
     # Every block of 64 KiB or more gets its own mapping, returned to the system when freed: the resident size then
@@ -425,7 +404,7 @@ def main(argv=None):
         for backend in args.backends.split(","):
             path = os.path.join(tmp, backend)
             start = time.perf_counter()
-            mp.spawn(_worker, args=(args.ranks, _free_port(), options, backend, path), nprocs=args.ranks)
+            mp.spawn(_worker, args=(args.ranks, free_port(), options, backend, path), nprocs=args.ranks)
             for rank in range(args.ranks):
                 with open(f"{path}.{rank}") as f:
                     rows.extend(json.load(f))
