@@ -21,16 +21,6 @@ for _var in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "TRANSFORMERS_OFFLINE"):
 from harness.marks import classify  # noqa: E402
 
 
-def pytest_configure(config):
-    for line in (
-        "dist: launches several processes (accelerate launch on CPU)",
-        "slow: slow test, excluded from `make test`, included in `make test-dist`",
-        "gpu: needs CUDA; skipped with a reason otherwise",
-        "known_failure(patterns, reason): failure texts that make a strict xfail count (tests/harness/marks.py)",
-    ):
-        config.addinivalue_line("markers", line)
-
-
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_call(item):
     """Turn a failure explained by an active `known_failure` mark into `KnownFailure` (see harness/marks.py)."""
