@@ -7,7 +7,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 # CPU build of torch; on a GPU machine pass the build you need, e.g. TORCH="torch==2.6.0".
 TORCH ?= torch==2.13.0
-EXTRAS ?= test,deepspeed,peft
+EXTRAS ?= test,deepspeed,peft,scikit
 RUFF ?= ruff==0.9.10
 TREE ?= trl-src
 BASE_TAG := v$(shell $(PYTHON) -c "import json; print(json.load(open('patches/base.json'))['version'])")

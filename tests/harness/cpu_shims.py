@@ -13,6 +13,17 @@ their real FSDP code paths (wrapping, sharding, summoning, state dicts) on CPU.
    JIT-compiles a C++ op (``deepspeed_shm_comm``, minutes on 2 cores on a fresh machine) that only speeds up
    CPU all-reduce; without it DeepSpeed uses plain torch.distributed (gloo).  Nothing GPU-related changes.
 
+3. DeepSpeed's asynchronous collectives complete before they return, on CPU (same flag).  ZeRO-3 gathers
+   several parameters at once (``Init._allgather_params_coalesced``: one ``all_gather_into_tensor(...,
+   async_op=True)`` per parameter) and then waits for the *last* handle only, which on a GPU orders every
+   earlier gather on the same stream.  gloo runs async work on several threads with no such order: the
+   earlier gathers may still be writing into parameters that are already in use.  On CPU this corrupted
+   whole parameters, or one rank's half of them, in about one ZeRO-3 launch of three: weights loaded under
+   ``zero.Init`` were overwritten with stale buffers (garbage up to 1e38), and ``generate()`` inside a
+   gathered block failed with ``probability tensor contains either inf, nan``.  The shim waits for each
+   async collective of DeepSpeed's torch backend before returning its (completed) work handle; callers
+   that wait again get the same result.  A CPU/gloo issue of DeepSpeed 0.16; GPU runs never see the shim.
+
 Never imported by users and never part of a patch: the launcher enables them in worker processes only.
 They patch lazily, right after the target module is first imported, so processes that never import it
 pay nothing.
@@ -58,8 +69,49 @@ def _patch_state_module(module):
     AcceleratorState.__init__ = __init__
 
 
+_DS_ASYNC_COLLECTIVES = (
+    "all_reduce",
+    "all_reduce_coalesced",
+    "reduce",
+    "reduce_scatter",
+    "broadcast",
+    "all_gather",
+    "all_gather_into_tensor",
+    "all_gather_base",
+    "all_gather_coalesced",
+    "reduce_scatter_tensor",
+    "all_to_all",
+    "gather",
+    "scatter",
+)
+
+
+def _completed_on_return(method):
+    import functools
+    import inspect
+
+    signature = inspect.signature(method)
+
+    @functools.wraps(method)
+    def wrapper(*args, **kwargs):
+        work = method(*args, **kwargs)
+        if work is not None and hasattr(work, "wait"):
+            bound = signature.bind_partial(*args, **kwargs)
+            if bound.arguments.get("async_op"):  # passed by keyword or by position
+                work.wait()
+        return work
+
+    wrapper._trl_harness_shim = True
+    return wrapper
+
+
 def _patch_deepspeed_comm(module):
     module.build_shm_op = lambda: None
+    backend = module.TorchBackend
+    for name in _DS_ASYNC_COLLECTIVES:
+        method = getattr(backend, name, None)
+        if method is not None and not getattr(method, "_trl_harness_shim", False):
+            setattr(backend, name, _completed_on_return(method))
 
 
 def install_from_env():

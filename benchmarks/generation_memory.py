@@ -44,12 +44,13 @@ import functools
 import importlib
 import json
 import os
-import socket
 import statistics
 import sys
 import tempfile
 import time
 from types import SimpleNamespace
+
+from _common import free_port
 
 
 BACKENDS = ("fsdp1", "fsdp2", "zero3", "zero3-release")
@@ -295,12 +296,6 @@ def _worker(rank, world_size, backend, port, a, out_dir):
     dist.destroy_process_group()
 
 
-def _free_port():
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 # ----------------------------------------------------------------------------------------------- report
 
 
@@ -358,7 +353,7 @@ def main(argv=None):
         for backend in backends:
             start = time.time()
             mp.start_processes(
-                _worker, args=(a.ranks, backend, _free_port(), a, out_dir), nprocs=a.ranks, start_method="spawn"
+                _worker, args=(a.ranks, backend, free_port(), a, out_dir), nprocs=a.ranks, start_method="spawn"
             )
             per_rank = []
             for rank in range(a.ranks):

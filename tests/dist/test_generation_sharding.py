@@ -457,19 +457,12 @@ else:
         if problems:
             raise CellFailure(problems)
 
-    # PPO under ZeRO-3 on the CPU: in about one launch in three, the policy's logits are NaN in generate() (also in
-    # the first generation, before any training step, in either mode, and with TRL 0.16.1's own
-    # unwrap_model_for_generation once PPO can start under DeepSpeed at all), so the cell can't be strict either way.
-    FLAKY = {("ppo", "zero3"): "intermittent NaN logits in generate() under ZeRO-3 on the CPU (not from issue #7)"}
-
     def _params():
         for trainer in TRAINERS:
             for backend in BACKENDS:
                 slow = [] if (trainer, backend) in FAST_CELLS else [pytest.mark.slow]
                 for check in CHECKS:
                     marks = marks_for(_expected(trainer, backend))
-                    if not marks and (trainer, backend) in FLAKY:
-                        marks = [pytest.mark.xfail(strict=False, reason=FLAKY[(trainer, backend)])]
                     yield pytest.param(trainer, backend, check, marks=slow + marks, id=f"{trainer}-{backend}-{check}")
 
     @pytest.mark.dist
