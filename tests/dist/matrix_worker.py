@@ -83,27 +83,21 @@ def _jsonable_logs(log_history):
 
 def build_trainer(kind, backend, manifest, out_dir, steps, rec):
     from datasets import load_dataset
+    from harness import fixtures
     from harness.dataparallel import force_data_parallel
+    from harness.fixtures import training_kwargs
     from harness.facts import describe_model, wrapper_chain
-    from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification, AutoTokenizer, TrainerCallback
+    from transformers import AutoTokenizer, TrainerCallback
 
     world = int(os.environ.get("WORLD_SIZE", "1"))
     n_devices = 2 if backend == "dataparallel" else world
     tokenizer = AutoTokenizer.from_pretrained(manifest["policy"])
     prompts = load_dataset(manifest["prompt_only"])
-    common = dict(
-        output_dir=str(Path(out_dir) / "run"),
-        per_device_train_batch_size=2,
-        learning_rate=1e-3,
-        logging_steps=1,
-        save_strategy="no",
-        report_to="none",
-        seed=42,
-        disable_tqdm=True,
+    common = training_kwargs(
+        out_dir,
         # as users do: match the launcher's mixed precision ("no" on CPU; the GPU configs say bf16)
         bf16=os.environ.get("ACCELERATE_MIXED_PRECISION", "no") == "bf16",
         fp16=os.environ.get("ACCELERATE_MIXED_PRECISION", "no") == "fp16",
-        dataloader_num_workers=0,
     )
 
     class Facts(TrainerCallback):
@@ -115,10 +109,10 @@ def build_trainer(kind, backend, manifest, out_dir, steps, rec):
             rec.flush()
 
     def load_policy():
-        return AutoModelForCausalLM.from_pretrained(manifest["policy"])
+        return fixtures.load_policy(manifest)
 
     def load_reward():
-        return AutoModelForSequenceClassification.from_pretrained(manifest["reward"], num_labels=1)
+        return fixtures.load_reward(manifest)
 
     def finalize(args):
         if backend == "dataparallel":

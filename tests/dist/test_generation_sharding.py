@@ -120,29 +120,19 @@ def _write(path, data):
 
 def _build_trainer(kind, manifest, out_dir, steps, callbacks):
     from datasets import Dataset, load_dataset
-    from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification, AutoTokenizer
+    from harness.fixtures import load_policy, load_reward, training_kwargs
+    from transformers import AutoTokenizer
 
     world = int(os.environ.get("WORLD_SIZE", "1"))
     tokenizer = AutoTokenizer.from_pretrained(manifest["policy"])
     prompts = load_dataset(manifest["prompt_only"])
-    common = dict(
-        output_dir=str(Path(out_dir) / "run"),
-        per_device_train_batch_size=2,
-        learning_rate=1e-3,
-        logging_steps=1,
-        save_strategy="no",
-        report_to="none",
-        seed=42,
-        disable_tqdm=True,
-        dataloader_num_workers=0,
-        disable_unwrapping_for_generation=True,  # the first mode; the callback switches to the default
-    )
+    common = training_kwargs(out_dir, disable_unwrapping_for_generation=True)  # the callback switches to the default
 
     def policy():
-        return AutoModelForCausalLM.from_pretrained(manifest["policy"])
+        return load_policy(manifest)
 
     def reward():
-        return AutoModelForSequenceClassification.from_pretrained(manifest["reward"], num_labels=1)
+        return load_reward(manifest)
 
     if kind == "grpo":
         from trl import GRPOConfig, GRPOTrainer

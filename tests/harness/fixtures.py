@@ -185,6 +185,34 @@ def load_manifest(directory):
     return json.loads((Path(directory) / MANIFEST).read_text())
 
 
+def load_policy(manifest):
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(manifest["policy"])
+
+
+def load_reward(manifest):
+    from transformers import AutoModelForSequenceClassification
+
+    return AutoModelForSequenceClassification.from_pretrained(manifest["reward"], num_labels=1)
+
+
+def training_kwargs(out_dir, **extra):
+    """The TrainingArguments every distributed worker shares (small batches, no saving, no reporting)."""
+    return dict(
+        output_dir=str(Path(out_dir) / "run"),
+        per_device_train_batch_size=2,
+        learning_rate=1e-3,
+        logging_steps=1,
+        save_strategy="no",
+        report_to="none",
+        seed=42,
+        disable_tqdm=True,
+        dataloader_num_workers=0,
+        **extra,
+    )
+
+
 def load_prompt_dataset(manifest, split="train"):
     from datasets import load_dataset
 
