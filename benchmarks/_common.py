@@ -2,7 +2,9 @@
 free port for their process groups. Imported by the scripts (their directory is on ``sys.path`` when they run,
 and the workers they spawn inherit it)."""
 
+import os
 import socket
+import sys
 
 
 def add_model_args(parser, *, vocab=32000):
@@ -35,3 +37,15 @@ def free_port():
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
+
+
+def deepspeed_on_cpu():
+    """DeepSpeed on CPU ranks (gloo): no JIT-compiled shared-memory op, and async collectives that complete before
+    they return (ZeRO-3 otherwise reads gathers still in flight on CPU). The test harness's shims, see
+    tests/harness/cpu_shims.py; call it in each rank before ``deepspeed.initialize``."""
+    os.environ.setdefault("DS_ACCELERATOR", "cpu")
+    harness = os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir, "tests", "harness")
+    sys.path.insert(0, os.path.abspath(harness))
+    import cpu_shims
+
+    cpu_shims.deepspeed_on_cpu()

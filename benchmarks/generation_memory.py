@@ -41,7 +41,6 @@ import argparse
 import copy
 import datetime
 import functools
-import importlib
 import json
 import os
 import statistics
@@ -50,7 +49,7 @@ import tempfile
 import time
 from types import SimpleNamespace
 
-from _common import free_port
+from _common import deepspeed_on_cpu, free_port
 
 
 BACKENDS = ("fsdp1", "fsdp2", "zero3", "zero3-release")
@@ -206,8 +205,7 @@ def _worker(rank, world_size, backend, port, a, out_dir):
     torch.set_num_threads(a.threads)
     dist.init_process_group("gloo", rank=rank, world_size=world_size, timeout=datetime.timedelta(seconds=600))
     if backend.startswith("zero3"):
-        # plain gloo: DeepSpeed's CPU shared-memory all-reduce is a JIT-compiled op (minutes to build on 2 cores)
-        importlib.import_module("deepspeed.comm.torch").build_shm_op = lambda: None
+        deepspeed_on_cpu()  # plain gloo, and async gathers completed before use (benchmarks/_common.py)
     from transformers import GenerationConfig
 
     import trl

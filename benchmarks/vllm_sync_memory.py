@@ -47,7 +47,7 @@ import sys
 import tempfile
 import time
 
-from _common import add_model_args, build_qwen2, free_port
+from _common import add_model_args, build_qwen2, deepspeed_on_cpu, free_port
 
 
 BACKENDS = ("fsdp1", "fsdp2", "zero3")
@@ -371,6 +371,7 @@ def _worker(rank, world_size, port, options, backend, result_path):
     if backend == "zero3":
         import deepspeed
 
+        deepspeed_on_cpu()  # plain gloo, and async gathers completed before use (benchmarks/_common.py)
         deepspeed.init_distributed(dist_backend="gloo")
     else:
         dist.init_process_group("gloo")

@@ -114,6 +114,13 @@ def _patch_deepspeed_comm(module):
             setattr(backend, name, _completed_on_return(method))
 
 
+def deepspeed_on_cpu():
+    """Both DeepSpeed shims (2 and 3) right now, for scripts that run DeepSpeed on CPU without the launcher."""
+    import importlib
+
+    _patch_deepspeed_comm(importlib.import_module("deepspeed.comm.torch"))
+
+
 def install_from_env():
     from trl_harness_hooks import after_import  # tests/harness/_site, on PYTHONPATH in launched processes
 
