@@ -291,6 +291,7 @@ def _worker(rank, world_size, backend, port, a, out_dir):
         }
     with open(os.path.join(out_dir, f"{backend}-rank{rank}.json"), "w") as f:
         json.dump(result, f)
+    dist.barrier()
     dist.destroy_process_group()
 
 

@@ -312,6 +312,7 @@ def worker_main(argv=None):
     import torch.distributed as dist
 
     if dist.is_available() and dist.is_initialized():
+        dist.barrier()  # no rank tears the group down while another one still uses it
         dist.destroy_process_group()
 
 
