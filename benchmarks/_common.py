@@ -39,6 +39,18 @@ def free_port():
         return sock.getsockname()[1]
 
 
+def set_rank_env(rank, world_size, port):
+    """The torch.distributed environment of one rank of a single-machine process group on 127.0.0.1:``port``."""
+    os.environ.update(
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+        RANK=str(rank),
+        LOCAL_RANK=str(rank),
+        WORLD_SIZE=str(world_size),
+        LOCAL_WORLD_SIZE=str(world_size),
+    )
+
+
 def deepspeed_on_cpu():
     """DeepSpeed on CPU ranks (gloo): no JIT-compiled shared-memory op, and async collectives that complete before
     they return (ZeRO-3 otherwise reads gathers still in flight on CPU). The test harness's shims, see

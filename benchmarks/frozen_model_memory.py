@@ -48,7 +48,7 @@ import os
 import sys
 import tempfile
 
-from _common import add_model_args, build_qwen2, free_port
+from _common import add_model_args, build_qwen2, free_port, set_rank_env
 
 
 VARIANTS = {1: ("base", "base-dpo", "fork"), 2: ("base", "root-only", "fork")}
@@ -143,14 +143,7 @@ def _is_fsdp_unit(module):
 
 
 def _worker(rank, world_size, port, options, variant, fsdp_version, result_dir):
-    os.environ.update(
-        MASTER_ADDR="127.0.0.1",
-        MASTER_PORT=str(port),
-        RANK=str(rank),
-        LOCAL_RANK=str(rank),
-        WORLD_SIZE=str(world_size),
-        LOCAL_WORLD_SIZE=str(world_size),
-    )
+    set_rank_env(rank, world_size, port)
     trl_dir = options["base_trl"] if variant == "base-dpo" else options["fork_trl"]
     if trl_dir:
         sys.path.insert(0, os.path.abspath(trl_dir))

@@ -49,7 +49,7 @@ import tempfile
 import time
 from types import SimpleNamespace
 
-from _common import deepspeed_on_cpu, free_port
+from _common import deepspeed_on_cpu, free_port, set_rank_env
 
 
 BACKENDS = ("fsdp1", "fsdp2", "zero3", "zero3-release")
@@ -194,8 +194,8 @@ def _largest_unit_numel(backend, model):
 
 
 def _worker(rank, world_size, backend, port, a, out_dir):
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), LOCAL_RANK=str(rank))
-    os.environ.update(WORLD_SIZE=str(world_size), LOCAL_WORLD_SIZE=str(world_size), DS_ACCELERATOR="cpu")
+    set_rank_env(rank, world_size, port)
+    os.environ["DS_ACCELERATOR"] = "cpu"
     if a.trl:
         sys.path.insert(0, a.trl)
     import torch

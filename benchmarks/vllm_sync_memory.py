@@ -47,7 +47,7 @@ import sys
 import tempfile
 import time
 
-from _common import add_model_args, build_qwen2, deepspeed_on_cpu, free_port
+from _common import add_model_args, build_qwen2, deepspeed_on_cpu, free_port, set_rank_env
 
 
 BACKENDS = ("fsdp1", "fsdp2", "zero3")
@@ -352,14 +352,7 @@ def _bench(options, backend, peft, methods, bucket_mb, rank, world_size):
 
 
 def _worker(rank, world_size, port, options, backend, result_path):
-    os.environ.update(
-        MASTER_ADDR="127.0.0.1",
-        MASTER_PORT=str(port),
-        RANK=str(rank),
-        LOCAL_RANK=str(rank),
-        WORLD_SIZE=str(world_size),
-        LOCAL_WORLD_SIZE=str(world_size),
-    )
+    set_rank_env(rank, world_size, port)
     if backend == "zero3":
         os.environ.setdefault("DS_ACCELERATOR", "cpu")
     import torch
