@@ -231,25 +231,19 @@ def worker(argv=None):
     RecordingVLLMClient.report = report
     RecordingVLLMClient.completion_ids = tokenizer(" one two three four")["input_ids"] + [tokenizer.eos_token_id]
 
+    from harness.fixtures import training_kwargs
     from trl import GRPOConfig, GRPOTrainer
 
-    kwargs = dict(
-        output_dir=str(out / "run"),
+    kwargs = training_kwargs(
+        out,
         use_vllm=True,
-        per_device_train_batch_size=2,
         num_generations=2,
         max_prompt_length=32,
         max_completion_length=8,
         max_steps=STEPS,
         learning_rate=0.0,  # the weights vLLM must receive stay the initial ones
         beta=0.0,
-        logging_steps=1,
-        save_strategy="no",
-        report_to="none",
-        seed=42,
-        disable_tqdm=True,
         bf16=False,
-        dataloader_num_workers=0,
     )
     if "vllm_sync_bucket_size_mb" in GRPOConfig.__dataclass_fields__:  # absent on the base
         kwargs["vllm_sync_bucket_size_mb"] = BUCKET_MB

@@ -198,8 +198,9 @@ def load_reward(manifest):
 
 
 def training_kwargs(out_dir, **extra):
-    """The TrainingArguments every distributed worker shares (small batches, no saving, no reporting)."""
-    return dict(
+    """The TrainingArguments every distributed worker shares (small batches, no saving, no reporting); ``extra``
+    adds to them or overrides them."""
+    shared = dict(
         output_dir=str(Path(out_dir) / "run"),
         per_device_train_batch_size=2,
         learning_rate=1e-3,
@@ -209,8 +210,8 @@ def training_kwargs(out_dir, **extra):
         seed=42,
         disable_tqdm=True,
         dataloader_num_workers=0,
-        **extra,
     )
+    return {**shared, **extra}
 
 
 def load_prompt_dataset(manifest, split="train"):
