@@ -12,7 +12,7 @@ process receives the weights, the other ranks take part in the collectives):
   adapters are then merged layer by layer from the gathered weights.
 - ``stream``: ``trl.extras.vllm_weight_sync.iter_full_params_for_sync`` (bucket ``--bucket-mb``, the default of
   ``vllm_sync_bucket_size_mb``).
-- ``stream-per-param`` (FSDP2, ZeRO-3): the same with a zero bucket, one parameter per gather round, to see
+- ``stream-per-param``: the same with a bucket of one byte, one parameter (PEFT layer) per gather round, to see
   whether per-parameter messages dominate.
 
 Measured per rank, median over ``--reps`` interleaved repetitions:
@@ -22,17 +22,18 @@ Measured per rank, median over ``--reps`` interleaved repetitions:
   (``VmHWM`` after resetting it through ``/proc/self/clear_refs``; glibc is told to ``mmap`` every block of 64 KiB
   or more, so freed buffers leave the resident set at once);
 - messages: collectives per sync (gloo operations recorded by ``torch.profiler``, one extra untimed run), gather
-  rounds (units / buckets / parameters gathered in one go) and tensors sent to the client.
+  rounds (buckets, or parameters, gathered in one go) and tensors sent to the client.
 
 Before timing, every method's output is checked against the others: same names (Hugging Face checkpoint names),
 same values (per-tensor float64 sums, to 1e-6 relative).
 
-Targets (issue #8): stream's peak extra <= (largest FSDP unit, or the bucket under FSDP2/ZeRO-3) + 10 %, where
-the naive path needs the whole model; stream's time <= 1.2 x naive.
+Targets (issue #8): stream's peak extra <= the bucket (a larger parameter alone) + 10 %, where the naive path needs
+the whole model; stream's time <= 1.2 x naive. For comparison, the FSDP1 rows also report what summoning the largest
+unit alone costs (FSDP's own unsharding, which an earlier version of the sync used).
 
 Usage:
     PYTHONPATH=<fork tree> python benchmarks/vllm_sync_memory.py [--json out.json] [--backends fsdp1,zero3]
-About 10 minutes on 2 shared CPU cores with the defaults (3 backends x 2 PEFT settings x 3 reps).
+About 12 minutes on 2 shared CPU cores with the defaults (3 backends x 2 PEFT settings x 3 reps).
 """
 
 from __future__ import annotations
@@ -239,16 +240,21 @@ def _stream(model, main_only, send, bucket_mb):
 
 
 def _gather_rounds(model, backend, method, bucket_mb):
-    """Gather rounds of one streamed sync: FSDP units, or buckets (None for the naive path)."""
+    """Gather rounds of one streamed sync: buckets (None for the naive path)."""
     if method == "naive":
         return None
     from trl.extras import vllm_weight_sync as sync
 
-    if backend == "fsdp1":
-        from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+    model = sync._unwrap_model(model)
+    nbytes = None
+    if backend == "fsdp1":  # FSDP1 hides the parameters in flat parameters: their sizes are in its metadata
+        layouts = sync._fsdp1_layouts(model)
 
-        return sum(isinstance(m, FSDP) for m in model.modules())
-    return len(list(sync._buckets(sync._collect_blocks(sync._unwrap_model(model)), bucket_mb)))
+        def nbytes(module, attr):
+            layout = layouts.get((module, attr))
+            return 0 if layout is None else layout.numel * 4
+
+    return len(list(sync._buckets(sync._collect_blocks(model), bucket_mb, nbytes)))
 
 
 # ----------------------------------------------------------------------------------------------- worker
@@ -264,7 +270,7 @@ def _bench(options, backend, peft, methods, bucket_mb, rank, world_size):
     largest_param = max(p.numel() * p.element_size() for p in model.parameters())
     model = _shard(model, backend)
     gc.collect()
-    buckets = {"naive": None, "stream": bucket_mb, "stream-per-param": 0.0}
+    buckets = {"naive": None, "stream": bucket_mb, "stream-per-param": 1 / MIB}
 
     def run(method, send, main_only=True):
         if method == "naive":
@@ -289,8 +295,8 @@ def _bench(options, backend, peft, methods, bucket_mb, rank, world_size):
         tensor.view(-1)[-1].item()
 
     collectives = {method: _collectives(lambda method=method: run(method, touch)) for method in methods}
-    # The floor: what gathering the largest FSDP1 unit alone takes (FSDP's summon), and what one gloo collective of
-    # the largest parameter takes (gloo receives into a temporary flat buffer, then copies it out)
+    # For comparison, what gathering the largest FSDP1 unit alone takes (FSDP's summon); and the floor, what one gloo
+    # all-gather of the largest parameter takes (gloo receives into a temporary flat buffer, then copies it out)
     floor = {}
     if backend == "fsdp1":
         from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
@@ -320,8 +326,6 @@ def _bench(options, backend, peft, methods, bucket_mb, rank, world_size):
     for method in methods:
         if method == "naive":
             bound = total
-        elif backend == "fsdp1":
-            bound = unit
         else:
             bound = max(buckets[method] * MIB, largest_param)
         rows.append(
@@ -369,7 +373,7 @@ def _worker(rank, world_size, port, options, backend, result_path):
     else:
         dist.init_process_group("gloo")
     bucket_mb = options["bucket_mb"] if options["bucket_mb"] is not None else DEFAULT_SYNC_BUCKET_SIZE_MB
-    methods = ["naive", "stream"] + (["stream-per-param"] if backend != "fsdp1" else [])
+    methods = ["naive", "stream", "stream-per-param"]
     rows = []
     for peft in options["peft"]:
         rows += _bench(options, backend, peft, methods, bucket_mb, rank, world_size)
@@ -411,10 +415,8 @@ def main(argv=None):
 
 
 def staged_bound(row):
-    """The bound once the backend's own staging is counted: what gathering the largest unit alone costs (FSDP1), or
-    the bucket, at least one gather of the largest parameter (FSDP2, ZeRO-3)."""
-    if row["backend"] == "fsdp1":
-        return max(row["bound_bytes"], row["unit_summon_peak_bytes"])
+    """The bound once the backend's own staging is counted: the bucket, at least one all-gather of the largest
+    parameter."""
     return max(row["bound_bytes"], row["param_all_gather_peak_bytes"])
 
 

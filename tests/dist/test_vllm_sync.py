@@ -5,9 +5,10 @@ them on 2 CPU ranks over gloo with ``accelerate launch``, see ``tests/harness/RE
 with ``learning_rate=0.0``, so the weights vLLM must receive at each sync are the initial ones, merged with the
 LoRA adapters under PEFT: the stand-in compares every tensor it gets, exactly, with that expected copy, by its
 Hugging Face checkpoint name.  While each message is sent it also measures what the sync holds gathered on the
-main process: under FSDP1 the unsharded units, under ZeRO-3 the gathered partitioned parameters; under FSDP2 it
-counts the full parameters the sync swaps in while it merges a PEFT layer (the rest is gathered into buffers of
-its own, bounded by the bucket like ZeRO-3).
+main process: under FSDP1 the unsharded units (there should be none) plus the ranges of flat parameters the sync
+gathered and still holds, under ZeRO-3 the gathered partitioned parameters; under FSDP2 it counts the full
+parameters the sync swaps in while it merges a PEFT layer (the rest is gathered into buffers of its own, bounded
+by the bucket like the others).
 
 This file is both the pytest module and the worker script the launches run (``__main__``).
 
@@ -25,6 +26,7 @@ import copy
 import json
 import os
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -116,8 +118,29 @@ def _expected_weights(model):
     return weights
 
 
-def _gathered_bytes_probe(backend, trainer):
+def _track_flat_ranges():
+    """A function that returns the bytes still allocated for the FSDP1 flat-parameter ranges the sync gathered."""
+    import weakref
+
+    from trl.extras import vllm_weight_sync
+
+    ranges = []  # weak references to the gathered ranges (a range may outlive its memory: the sync frees storage)
+    gather = getattr(vllm_weight_sync, "_gather_flat_range", None)
+    if gather is not None:  # (absent on the pristine base)
+
+        def recording_gather(*args, **kwargs):
+            full = gather(*args, **kwargs)
+            if full is not None:
+                ranges.append(weakref.ref(full))
+            return full
+
+        vllm_weight_sync._gather_flat_range = recording_gather
+    return lambda: sum(t.untyped_storage().nbytes() for t in (ref() for ref in ranges) if t is not None)
+
+
+def _gathered_bytes_probe(backend, trainer, bound):
     """What the sync holds gathered on this rank right now (see the module docstring)."""
+    flat_ranges = _track_flat_ranges() if backend == "fsdp1" else None
 
     def probe():
         model = trainer.model  # as prepared for training (wrapped/sharded in train(), not at init)
@@ -125,12 +148,18 @@ def _gathered_bytes_probe(backend, trainer):
             from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
 
             handles = [m._handle for m in model.modules() if isinstance(m, FSDP) and m._handle is not None]
-            # a unit is unsharded while its flat parameter points away from this rank's local shard
-            return sum(
+            # a unit is unsharded while its flat parameter is larger than this rank's shard
+            unsharded = sum(
                 h.flat_param.numel() * h.flat_param.element_size()
                 for h in handles
-                if h.flat_param.data_ptr() != h.flat_param._local_shard.data_ptr()
+                if h.flat_param.numel() != h.flat_param._sharded_size.numel()
             )
+            # gloo's worker thread drops its reference to a collective's tensor shortly after the collective
+            # returns: give it a moment before counting more than the bound
+            deadline = time.monotonic() + 10
+            while unsharded + flat_ranges() > bound and time.monotonic() < deadline:
+                time.sleep(0.001)
+            return unsharded + flat_ranges()
         if backend == "zero3":
             from deepspeed.runtime.zero.partition_parameters import ZeroParamStatus
 
@@ -152,13 +181,9 @@ def _gathered_bytes_probe(backend, trainer):
 
 
 def _memory_bound(backend, reference, bucket_bytes):
-    """Bytes the sync may hold gathered at once: the largest FSDP unit, or the bucket (or the largest block)."""
-    layer_bytes = [sum(p.numel() * p.element_size() for p in layer.parameters()) for layer in reference.model.layers]
+    """Bytes the sync may hold gathered at once: the bucket (or the largest parameter, sent alone)."""
     total = sum(p.numel() * p.element_size() for p in reference.parameters())
-    if backend == "fsdp1":  # one unit per decoder layer, the root holds the rest
-        largest = max(max(layer_bytes), total - sum(layer_bytes))
-    else:  # FSDP2, ZeRO-3: one bucket (a larger parameter alone)
-        largest = max(bucket_bytes, max(p.numel() * p.element_size() for p in reference.parameters()))
+    largest = max(bucket_bytes, max(p.numel() * p.element_size() for p in reference.parameters()))
     return int(largest * (1 + MEMORY_SLACK)), total
 
 
@@ -257,7 +282,7 @@ def worker(argv=None):
     report["stage"] = "training"
     report["distributed_type"] = str(trainer.accelerator.distributed_type).split(".")[-1]
     _flush(report)
-    RecordingVLLMClient.probe = _gathered_bytes_probe(a.backend, trainer)
+    RecordingVLLMClient.probe = _gathered_bytes_probe(a.backend, trainer, report["memory_bound"])
     trainer.train()
     report["stage"] = "trained"
     report["global_step"] = trainer.state.global_step
