@@ -246,14 +246,8 @@ def _gather_rounds(model, backend, method, bucket_mb):
     from trl.extras import vllm_weight_sync as sync
 
     model = sync._unwrap_model(model)
-    nbytes = None
-    if backend == "fsdp1":  # FSDP1 hides the parameters in flat parameters: their sizes are in its metadata
-        layouts = sync._fsdp1_layouts(model)
-
-        def nbytes(module, attr):
-            layout = layouts.get((module, attr))
-            return 0 if layout is None else layout.numel * 4
-
+    # FSDP1 hides the parameters in flat parameters: their sizes are in its metadata
+    nbytes = sync._fsdp1_nbytes(sync._fsdp1_layouts(model)) if backend == "fsdp1" else None
     return len(list(sync._buckets(sync._collect_blocks(model), bucket_mb, nbytes)))
 
 
