@@ -20,7 +20,8 @@ export TOKENIZERS_PARALLELISM := false
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
 .PHONY: help install dev materialize export check-roundtrip check-tracked pr-branches info \
-	test test-dist test-slow test-gpu test-all demo prove quality style ci clean
+	test test-dist test-slow test-gpu test-all demo prove quality style ci clean \
+	venv-torch26 test-torch26
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed -E 's/:.*## /\t/' | expand -t 18
@@ -93,3 +94,23 @@ ci: dev check-tracked check-roundtrip quality test  ## what .ci/run runs (it als
 
 clean:  ## remove build products (keeps trl-src/ and $(VENV))
 	rm -rf build dist *.egg-info .pytest_cache
+
+# --- torch 2.6.0 lane (#13): the torch that vLLM 0.8.x pins, next to the dev venv's torch. docs/torch_versions.md.
+# Its venv holds torch 2.6.0 and the dependencies of `.[$(EXTRAS)]` but no trl: every run imports the fork from
+# build/trees/upto-NNNN (base + patches/series, rebuilt by tools/prove.py), never trl-src/ or a stale install.
+VENV26 ?= .venv-torch26
+PY26 := $(VENV26)/bin/python
+TORCH26 ?= torch==2.6.0
+
+$(VENV26)/.installed: setup.py pyproject.toml
+	test -x $(PY26) || $(PYTHON) -m venv $(VENV26)
+	$(PY26) -m pip install --quiet --upgrade pip
+	$(PY26) -m pip install --quiet "$(TORCH26)"
+	$(PY26) -m pip install --quiet ".[$(EXTRAS)]" "$(TORCH26)"
+	$(PY26) -m pip uninstall --quiet --yes trl
+	touch $@
+
+venv-torch26: $(VENV26)/.installed  ## create $(VENV26): torch 2.6.0 + the test extras, trl imported from build/trees
+
+test-torch26: venv-torch26  ## the torch 2.6.0 lane: build tests, patch tests, DDP/FSDP1/ZeRO-2/ZeRO-3/DP cells
+	$(PY26) tools/torch_lane.py $(PYTEST_ARGS)

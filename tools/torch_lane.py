@@ -1,0 +1,165 @@
+"""The torch 2.6.0 lane (#13): the fork's tests on the torch that vLLM 0.8.x pins (docs/torch_versions.md).
+
+    make test-torch26                                   # creates .venv-torch26 (torch 2.6.0), then runs this
+    .venv-torch26/bin/python tools/torch_lane.py [pytest args, e.g. -k fsdp1]
+
+One pytest session, in this interpreter, over
+
+- ``tests/build`` without the ``slow`` tests,
+- the patches' own tests (the test files the series adds or changes, inside the fork tree),
+- the matrix cells of ``LANE_CELLS`` (``tests/dist/test_matrix.py``, all four checks of each launch),
+
+with ``PYTHONPATH`` set to ``build/trees/upto-NNNN`` (base + ``patches/series``, rebuilt by
+``tools/prove.py`` when the series changes), so the test process and every worker that ``accelerate launch``
+starts import the fork as ``patches/`` builds it: never ``trl-src/`` nor a copy installed in the venv.
+
+Limitation, not a skip without reason: FSDP2's forward cannot run on CPU with torch 2.6, because its CPU
+``Stream`` has no ``record_event`` (``foreach_all_gather`` calls it: ``AttributeError: 'Stream' object has no
+attribute 'record_event'``). While the running torch lacks it, the FSDP2 matrix cells and the tests listed in
+``FSDP2_FORWARD_TESTS`` are skipped with that reason; each listed pattern must match a collected test, so the
+list cannot silently go stale. FSDP2 tests that run no FSDP2 forward (the weight sync's ``test_fsdp2``) still run.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import forkbuild  # noqa: E402
+import prove  # noqa: E402
+
+
+# Matrix cells (trainer, backend) the lane launches. The whole CPU matrix without FSDP2 is 25 launches of ~25 s,
+# too much for the lane's CI budget (~12 min with the torch download). What it keeps:
+# - every trainer under FSDP1: the series reaches into FSDP1's private internals (flat parameters, _reshard,
+#   training states), and each trainer prepares its frozen models differently (reference, reward, value);
+# - GRPO under DDP, ZeRO-2, ZeRO-3 and DataParallel (the harness's fast cells for those backends), and the trainers
+#   with a reward model (Online DPO, RLOO, PPO) under ZeRO-3, whose frozen models go through DeepSpeed's
+#   partitioned forward;
+# - Online DPO with a judge under DataParallel (patch 0003's wrapped-model facts).
+# Left to `make test-dist` (torch 2.13): the other trainers under DDP / ZeRO-2 / DataParallel and Online DPO with a
+# judge under ZeRO-3, whose torch-facing code paths are the ones the cells above take (public DDP / DeepSpeed API).
+LANE_CELLS = {
+    *((trainer, "fsdp1") for trainer in ("grpo", "online_dpo_judge", "online_dpo_rm", "rloo", "ppo")),
+    ("grpo", "ddp"),
+    ("grpo", "zero2"),
+    ("grpo", "zero3"),
+    ("online_dpo_rm", "zero3"),
+    ("rloo", "zero3"),
+    ("ppo", "zero3"),
+    ("grpo", "dataparallel"),
+    ("online_dpo_judge", "dataparallel"),
+}
+
+FSDP2_REASON = (
+    "limitation of the torch 2.6 lane: FSDP2 cannot run a forward on CPU with this torch "
+    "(its CPU Stream lacks record_event; docs/torch_versions.md)"
+)
+# The patches' tests that run an FSDP2 forward (regexes searched in the node id). Each must match a test.
+FSDP2_FORWARD_TESTS = (
+    r"test_frozen_models\.py::PrepareFrozenModelTester::test_fsdp_1$",  # fsdp_version=2
+    r"test_frozen_models\.py::PrepareFrozenModelTester::test_sync_ref_model_fsdp_2$",  # (2, False)
+    r"test_frozen_models\.py::PrepareFrozenModelTester::test_trainers_fsdp_1$",  # fsdp_version=2
+    r"test_unwrap_for_generation\.py::FSDP2GenerationTester::",
+)
+
+# Tests the lane leaves out, with the reason (regexes searched in the node id). Each must match a test.
+NOT_IN_LANE = {
+    r"test_forkbuild\.py::test_editable_install_points_at_the_development_tree$": (
+        "asserts where a venv without PYTHONPATH finds trl; the lane's PYTHONPATH (the fork tree) reaches its venv; "
+        "`make test` runs it"
+    ),
+}
+
+
+def fsdp2_runs_on_cpu() -> bool:
+    import torch
+
+    return hasattr(torch.cpu.Stream, "record_event")
+
+
+class LanePlugin:
+    def __init__(self, tree: Path, patch_tests: list[Path]):
+        self.tree = tree
+        self.patch_tests = [str(p.resolve()) for p in patch_tests]
+        self.fsdp2 = fsdp2_runs_on_cpu()
+        self.budget_deselected: list[str] = []
+        self.limited: list[str] = []
+        self.left_out: list[str] = []
+        self.start = time.monotonic()
+
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_collection_modifyitems(self, config, items):
+        skip_fsdp2 = pytest.mark.skip(reason=FSDP2_REASON)
+        unmatched = {*FSDP2_FORWARD_TESTS, *NOT_IN_LANE}
+        keep, deselected = [], []
+        for item in items:
+            left_out = {p for p in NOT_IN_LANE if re.search(p, item.nodeid)}
+            if left_out:
+                unmatched -= left_out
+                deselected.append(item)
+                self.left_out += [f"{item.nodeid} ({NOT_IN_LANE[p]})" for p in left_out]
+                continue
+            path = str(item.path.resolve())
+            params = getattr(getattr(item, "callspec", None), "params", {})
+            if path.endswith("tests/dist/test_matrix.py"):
+                cell = (params["trainer"], params["backend"])
+                if cell[1] == "fsdp2" and not self.fsdp2:
+                    item.add_marker(skip_fsdp2)
+                    self.limited.append(item.nodeid)
+                elif cell not in LANE_CELLS:
+                    deselected.append(item)
+                    self.budget_deselected.append("-".join(cell))
+                    continue
+            elif "/tests/build/" in path and item.get_closest_marker("slow"):
+                deselected.append(item)
+                continue
+            elif path in self.patch_tests:
+                matched = {p for p in FSDP2_FORWARD_TESTS if re.search(p, item.nodeid)}
+                unmatched -= matched
+                if matched and not self.fsdp2:
+                    item.add_marker(skip_fsdp2)
+                    self.limited.append(item.nodeid)
+            keep.append(item)
+        if unmatched:  # runs before -k / -m deselect anything (tryfirst)
+            raise pytest.UsageError(f"tools/torch_lane.py: entries that match no test: {sorted(unmatched)}")
+        if deselected:
+            config.hook.pytest_deselected(items=deselected)
+            items[:] = keep
+
+    def pytest_terminal_summary(self, terminalreporter):
+        import torch
+
+        write = terminalreporter.write_line
+        terminalreporter.section("torch lane")
+        write(f"torch {torch.__version__}, trl from {self.tree}, {time.monotonic() - self.start:.0f} s")
+        write(f"matrix cells launched: {', '.join('-'.join(c) for c in sorted(LANE_CELLS))}")
+        cells = sorted(set(self.budget_deselected))
+        write(f"matrix cells left to `make test-dist` (torch 2.13), for the CI budget: {', '.join(cells) or 'none'}")
+        for line in self.left_out:
+            write(f"left out: {line}")
+        if self.limited:
+            write(f"skipped as the lane's FSDP2 limitation ({len(self.limited)} tests): {FSDP2_REASON}")
+
+
+def main(argv: list[str]) -> int:
+    tree = prove.tree_for("fork")
+    patch_tests = forkbuild.patch_test_files(tree)
+    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(tree), os.environ.get("PYTHONPATH")]))
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    sys.path.insert(0, str(tree))
+    os.chdir(forkbuild.ROOT)
+    args = ["-p", "no:cacheprovider", "-m", "not gpu", "tests/build", *map(str, patch_tests)]
+    args += ["tests/dist/test_matrix.py", *argv]
+    return pytest.main(args, plugins=[LanePlugin(tree, patch_tests)])
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
