@@ -114,3 +114,9 @@ venv-torch26: $(VENV26)/.installed  ## create $(VENV26): torch 2.6.0 + the test 
 
 test-torch26: venv-torch26  ## the torch 2.6.0 lane: build tests, patch tests, DDP/FSDP1/ZeRO-2/ZeRO-3/DP cells
 	$(PY26) tools/torch_lane.py $(PYTEST_ARGS)
+
+# Golden equivalence (#13): with no fork option set, the fork's per-step logged values and trained weights equal
+# TRL 0.16.1's bit for bit (tests/golden, docs/golden_equivalence.md). Not part of `make test` (marked slow + dist).
+.PHONY: golden
+golden: dev  ## fork vs pristine 0.16.1 on default paths (8 trainers, 1 process and 2-rank DDP), bit for bit
+	$(PY) -m pytest -m golden tests/golden $(PYTEST_ARGS)
