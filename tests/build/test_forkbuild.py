@@ -213,8 +213,10 @@ def test_dependencies_have_tested_upper_bounds(tmp_path):
     metadata = forkbuild.upstream_metadata(tree)
     assert metadata["__version__"] == BASE.version
     source = (ROOT / "setup.py").read_text()
-    for name in ("transformers", "accelerate", "datasets", "peft", "deepspeed"):
+    for name in ("transformers", "accelerate", "datasets", "peft", "deepspeed", "vllm"):
         assert re.search(rf'"{name}": "<[\d.]+"', source), f"no tested upper bound for {name}"
+    # the extra's lower bound comes from the series (patch 0002), the upper one from setup.py
+    assert "vllm>=0.7.2; sys_platform != 'win32'" in metadata["EXTRAS"]["vllm"]
 
 
 # ------------------------------------------------------------------------------------ builds from a clone
@@ -242,6 +244,8 @@ def test_wheel_from_fresh_clone(clone, tmp_path):
     assert "trl/trainer/grpo_trainer.py" in names and not any(n.startswith("tests/") for n in names)
     assert all(name in info for name in series)
     assert re.search(r"^Requires-Dist: transformers<[\d.]+,>=4\.46\.0$", metadata, re.M)
+    # the tested vLLM range (docs/vllm_version.md, tests/build/test_vllm_contract.py)
+    assert re.search(r'^Requires-Dist: vllm<0\.8\.2,>=0\.7\.2; .*extra == "vllm"$', metadata, re.M), metadata
 
     site = tmp_path / "site"
     run(
