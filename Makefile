@@ -120,3 +120,10 @@ test-torch26: venv-torch26  ## the torch 2.6.0 lane: build tests, patch tests, D
 .PHONY: golden
 golden: dev  ## fork vs pristine 0.16.1 on default paths (8 trainers, 1 process and 2-rank DDP), bit for bit
 	$(PY) -m pytest -m golden tests/golden $(PYTEST_ARGS)
+
+# TRL 0.16.1's own test suite (#13): the sdist's tests/ on the pristine base and on the fork, offline (tiny models
+# and a synthetic zen dataset mapped in by tests/upstream/upstream_offline.py); fails when a test passing on the
+# base fails on the fork. docs/upstream_suite.md. UPSTREAM_ARGS: e.g. --files test_cli.py, --jobs 1, -- -k peft.
+.PHONY: upstream-suite
+upstream-suite: dev  ## TRL 0.16.1's own tests on the base and on the fork; per-file table; fails on regressions
+	$(PY) tools/upstream_suite.py $(UPSTREAM_ARGS)
