@@ -78,7 +78,7 @@ class NotReproducible:
     why: str
 
 
-# Measured on the 2-core CPU machine: two runs of RLOO (single process) on the pristine base gave different weights
+# Measured on the 2-core CPU machine: 3 runs of RLOO (single process) on the pristine base gave 3 different weights
 # (largest differences across runs of base and fork: logs 6e-7 absolute, weights 2.2e-6); GRPO, Online DPO, GKD, DPO
 # and KTO reproduced bit for bit in every run. The source (in the rollout code that RLOO and PPO share) is not
 # pinned yet; the tolerances are ~20x the measured spread, far below a real change of behaviour.
