@@ -102,7 +102,7 @@ def read_junit(path: Path) -> tuple[dict[str, str], dict[str, str]]:
         name = "::".join([f"{module}.py", *rest, case.get("name") or "?"])
         result, message = "passed", ""
         for child in case:
-            if child.tag in FAILED:
+            if child.tag in ("failure", "error"):
                 result = "failed" if child.tag == "failure" else "error"
                 message = (child.get("message") or child.text or "").strip()
             elif child.tag == "skipped" and result == "passed":

@@ -74,6 +74,7 @@ def test_read_junit(tmp_path):
     xml.write_text(
         """<?xml version="1.0" encoding="utf-8"?><testsuites><testsuite name="pytest">
         <testcase classname="tests.test_a.T" name="ok" />
+        <testcase classname="tests.test_a.T" name="fails"><failure message="E: x">tb</failure><system-out>o</system-out></testcase>
         <testcase classname="tests.test_a.T" name="bad"><failure message="AssertionError: no">tb</failure></testcase>
         <testcase classname="tests.test_a.T" name="bad"><error message="teardown">tb</error></testcase>
         <testcase classname="tests.test_b.T" name="sk[1]"><skipped type="pytest.skip" message="needs x" /></testcase>
@@ -83,6 +84,7 @@ def test_read_junit(tmp_path):
     cells, messages = read_junit(xml)
     assert cells == {
         "test_a.py::T::ok": "passed",
+        "test_a.py::T::fails": "failed",
         "test_a.py::T::bad": "error",
         "test_b.py::T::sk[1]": "skipped",
         "test_c.py::tests.test_c": "error",

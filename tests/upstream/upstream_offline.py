@@ -310,8 +310,9 @@ def build_models(hub_cache: Path, bpe) -> list[str]:
             "pad_token_id": tokenizer.pad_token_id,
         }
         model_class = getattr(transformers, arch)
-        # room for tokens the tests add (e.g. a "[PAD]"), as the real checkpoints' embeddings have
-        vocab_size = (len(tokenizer) + 64) // 64 * 64
+        # room for tokens the tests add (e.g. a "[PAD]") and for the random ids some tests feed (up to 1000), as
+        # the real checkpoints' large vocabularies have
+        vocab_size = max(1024, (len(tokenizer) + 64) // 64 * 64)
         kwargs = dict(_config_kwargs(arch), vocab_size=vocab_size, **ids, **extra)
         if arch.startswith(("T5", "Bart")):
             kwargs["decoder_start_token_id"] = tokenizer.pad_token_id
@@ -322,7 +323,10 @@ def build_models(hub_cache: Path, bpe) -> list[str]:
         snapshot = _snapshot_dir(hub_cache, repo_id)
         model.save_pretrained(snapshot)
         if model.can_generate():
-            GenerationConfig(**{k: v for k, v in ids.items() if v is not None}).save_pretrained(snapshot)
+            generation = {k: v for k, v in ids.items() if v is not None}
+            if config.is_encoder_decoder:
+                generation["decoder_start_token_id"] = config.decoder_start_token_id
+            GenerationConfig(**generation).save_pretrained(snapshot)
         tokenizer.save_pretrained(snapshot)
         built.append(repo_id)
     return built
