@@ -90,7 +90,7 @@ style: dev  ## apply ruff fixes and formatting to our code
 
 ci: dev check-tracked check-roundtrip quality test  ## what .ci/run runs (it also runs the slow matrix cells)
 	$(MAKE) test-dist DIST_MARK="dist and slow and not gpu"
-	$(MAKE) test-slow prove
+	$(MAKE) test-slow prove upstream-suite golden test-torch26
 
 clean:  ## remove build products (keeps trl-src/ and $(VENV))
 	rm -rf build dist *.egg-info .pytest_cache
