@@ -249,7 +249,10 @@ def main(argv: list[str] | None = None) -> int:
         (workdir / "tests" / "__init__.py").touch()
         hub = workdir / "hub"
         env = dict(os.environ, TRL_UPSTREAM_HUB_DIR=str(hub), PYTHONPATH=str(PLUGIN_DIR))
-        build = 'import upstream_offline as u; m = u.build(u.HUB_ROOT); print(f\'[upstream-suite] fixtures: {len(m["models"])} models, zen, {m["seconds"]:.1f} s\')'
+        build = (
+            "import shutil, upstream_offline as u; m = u.build(u.HUB_ROOT); shutil.rmtree(u.SCRATCH); "
+            'print(f\'[upstream-suite] fixtures: {len(m["models"])} models, zen, {m["seconds"]:.1f} s\')'
+        )
         subprocess.run([sys.executable, "-c", build], env=env, check=True)
         base = run_tree("base", base_tree, workdir, files, extra, hub)
         fork = run_tree("fork", fork_tree, workdir, files, extra, hub)
