@@ -36,33 +36,11 @@ class BaseFails:
     why: str
 
 
-@dataclass(frozen=True)
-class AliasKeysDropped:
-    """The trained model's ``state_dict`` loses keys that were a second name for tensors it still holds: every
-    base-only key ``<alias><x>`` must hold the same values as the base's ``<target><x>``, which the fork still lists;
-    everything else is compared as usual. (The parameters and the optimizer's view of them are unchanged: ``parameters()`` never listed an
-    alias twice.)"""
-
-    patch: str
-    alias: str
-    target: str
-    why: str
-
-
 _ONLINE_DPO_DDP = BaseFails(
     patch="0003",
     match=r"AttributeError: 'DistributedDataParallel' object has no attribute 'config'",
     why="0.16.1's OnlineDPOTrainer reads model.config on the DDP-wrapped model while training; the fork caches the "
     "model facts it needs before wrapping",
-)
-
-_PPO_CRITIC = AliasKeysDropped(
-    patch="0006",
-    alias="critic_backbone.",
-    target="value_model.model.",
-    why="PolicyAndValueWrapper.critic_backbone is a property instead of a registered submodule, so the value model's "
-    "backbone is no longer registered twice (FSDP2 wrapped its layers twice); 0.16.1's state_dict listed the "
-    "backbone's tensors under both names",
 )
 
 
@@ -91,8 +69,6 @@ _ROLLOUT_NOISE = NotReproducible(
 TOLERANCES = {(t, m): _ROLLOUT_NOISE for t in ("rloo", "ppo") for m in ("single", "ddp")}
 
 DELIBERATE = {
-    ("ppo", "single"): _PPO_CRITIC,
-    ("ppo", "ddp"): _PPO_CRITIC,
     ("online_dpo_judge", "ddp"): _ONLINE_DPO_DDP,
     ("online_dpo_rm", "ddp"): _ONLINE_DPO_DDP,
 }
@@ -138,28 +114,10 @@ def log_differences(base_logs, fork_logs):
     return diffs
 
 
-def check_aliases(base, fork, expected):
-    """``expected`` (AliasKeysDropped) holds: return the base-only alias keys, which the comparison then skips."""
-    b, f = base.result["weights"]["tensors"], fork.result["weights"]["tensors"]
-    only_base, only_fork = sorted(b.keys() - f.keys()), sorted(f.keys() - b.keys())
-    assert only_base, f"stale expectation: the fork's state_dict keeps the {expected.alias}* keys ({expected.why})"
-    assert not only_fork, f"keys only in the fork: {only_fork[:5]}"
-    strays = [n for n in only_base if not n.startswith(expected.alias)]
-    assert not strays, f"keys only in the base besides {expected.alias}*: {strays[:5]}"
-    import torch
-
-    bw = torch.load(base.weights_path, weights_only=True)
-    for name in only_base:  # a second name in the base for a tensor that the fork still lists under its first one
-        target = expected.target + name[len(expected.alias) :]
-        assert target in f, f"base {name}: the fork has no {target}"
-        assert torch.equal(bw[name], bw[target]), f"base {name} is not another name of the base's {target}"
-    return set(only_base)
-
-
-def weight_differences(base, fork, skip=frozenset()):
+def weight_differences(base, fork):
     """Tensors whose bytes differ, sorted by name: ``(name, largest absolute difference, description)``."""
     b, f = base.result["weights"]["tensors"], fork.result["weights"]["tensors"]
-    names = sorted(n for n in (b.keys() | f.keys()) - skip if b.get(n) != f.get(n))
+    names = sorted(n for n in b.keys() | f.keys() if b.get(n) != f.get(n))
     if not names:
         return []
     import torch
@@ -203,9 +161,8 @@ def test_golden(trainer, mode, golden_runner):
 
     _check_trained(base)
     _check_trained(fork)
-    skip = check_aliases(base, fork, expected) if isinstance(expected, AliasKeysDropped) else frozenset()
     logs = log_differences(base.result["logs"], fork.result["logs"])
-    weights = weight_differences(base, fork, skip)
+    weights = weight_differences(base, fork)
     tolerance = TOLERANCES.get((trainer, mode))
     if tolerance is not None and (logs or weights):
         too_far = [d for d in logs if not _within(d[2], d[3], tolerance)]
@@ -220,10 +177,8 @@ def test_golden(trainer, mode, golden_runner):
             return
         logs, weights = too_far, too_far_w
     if not logs and not weights:
-        suffix = f" but for {len(skip)} alias keys (patch {expected.patch})" if skip else " (losses, metrics, weights)"
-        if not skip:
-            assert base.result["weights"]["sha256"] == fork.result["weights"]["sha256"]
-        VERDICTS[(trainer, mode)] = "identical" + suffix
+        assert base.result["weights"]["sha256"] == fork.result["weights"]["sha256"]
+        VERDICTS[(trainer, mode)] = "identical (losses, metrics, weights)"
         return
     beyond = f" beyond its tolerance ({tolerance.why})" if tolerance else ""
     lines = [f"{trainer} under {mode}: the fork differs from TRL 0.16.1 on a default path{beyond}"]
