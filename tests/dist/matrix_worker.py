@@ -85,7 +85,7 @@ def build_trainer(kind, backend, manifest, out_dir, steps, rec):
     from datasets import load_dataset
     from harness import fixtures
     from harness.dataparallel import force_data_parallel
-    from harness.fixtures import training_kwargs
+    from harness.fixtures import on_policy_kwargs, training_kwargs
     from harness.facts import describe_model, wrapper_chain
     from transformers import AutoTokenizer, TrainerCallback
 
@@ -183,16 +183,7 @@ def build_trainer(kind, backend, manifest, out_dir, steps, rec):
 
         train = prompts["train"].map(tokenize, batched=True, remove_columns=["prompt"])
         evals = prompts["test"].map(tokenize, batched=True, remove_columns=["prompt"])
-        on_policy = dict(
-            common,
-            total_episodes=steps * common["per_device_train_batch_size"] * world,
-            num_ppo_epochs=1,
-            num_mini_batches=1,
-            response_length=8,
-            local_rollout_forward_batch_size=2,
-            num_sample_generations=0,
-            missing_eos_penalty=1.0,
-        )
+        on_policy = on_policy_kwargs(common, total_episodes=steps * common["per_device_train_batch_size"] * world)
         if kind == "rloo":
             args = finalize(RLOOConfig(**on_policy, rloo_k=2))
             trainer = RLOOTrainer(

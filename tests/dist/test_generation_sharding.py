@@ -120,7 +120,7 @@ def _write(path, data):
 
 def _build_trainer(kind, manifest, out_dir, steps, callbacks):
     from datasets import Dataset, load_dataset
-    from harness.fixtures import load_policy, load_reward, training_kwargs
+    from harness.fixtures import load_policy, load_reward, on_policy_kwargs, training_kwargs
     from transformers import AutoTokenizer
 
     world = int(os.environ.get("WORLD_SIZE", "1"))
@@ -183,16 +183,7 @@ def _build_trainer(kind, manifest, out_dir, steps, callbacks):
 
         train = prompts["train"].map(tokenize, batched=True, remove_columns=["prompt"])
         evals = prompts["test"].map(tokenize, batched=True, remove_columns=["prompt"])
-        on_policy = dict(
-            common,
-            total_episodes=2 * steps * common["per_device_train_batch_size"] * world,
-            num_ppo_epochs=1,
-            num_mini_batches=1,
-            response_length=8,
-            local_rollout_forward_batch_size=2,
-            num_sample_generations=0,
-            missing_eos_penalty=1.0,
-        )
+        on_policy = on_policy_kwargs(common, total_episodes=2 * steps * common["per_device_train_batch_size"] * world)
         if kind == "rloo":
             return RLOOTrainer(
                 config=RLOOConfig(**on_policy, rloo_k=2),

@@ -34,7 +34,7 @@ def build_trainer(kind, manifest, out_dir, steps):
     import datasets
     import torch
     from datasets import Dataset, load_dataset
-    from harness.fixtures import load_policy, load_reward, training_kwargs
+    from harness.fixtures import load_policy, load_reward, on_policy_kwargs, training_kwargs
     from transformers import AutoTokenizer
 
     datasets.disable_caching()  # no cross-run (or cross-tree) map cache: every run tokenizes its data itself
@@ -89,16 +89,7 @@ def build_trainer(kind, manifest, out_dir, steps):
         evals = load_dataset(manifest["prompt_only"], split="test").map(
             tokenize, batched=True, remove_columns=["prompt"]
         )
-        on_policy = dict(
-            common,
-            total_episodes=steps * common["per_device_train_batch_size"] * world,
-            num_ppo_epochs=1,
-            num_mini_batches=1,
-            response_length=8,
-            local_rollout_forward_batch_size=2,
-            num_sample_generations=0,
-            missing_eos_penalty=1.0,
-        )
+        on_policy = on_policy_kwargs(common, total_episodes=steps * common["per_device_train_batch_size"] * world)
         del on_policy["max_steps"]  # the on-policy trainers count episodes
         if kind == "rloo":
             return RLOOTrainer(

@@ -230,3 +230,17 @@ if __name__ == "__main__":
     import sys
 
     print(json.dumps(build_fixtures(sys.argv[1] if len(sys.argv) > 1 else "tiny-fixtures"), indent=2))
+
+
+def on_policy_kwargs(common, *, total_episodes):
+    """RLOO / PPO arguments of the workers: `common` (see `training_kwargs`) plus the smallest rollout settings."""
+    return dict(
+        common,
+        total_episodes=total_episodes,
+        num_ppo_epochs=1,
+        num_mini_batches=1,
+        response_length=8,
+        local_rollout_forward_batch_size=2,
+        num_sample_generations=0,
+        missing_eos_penalty=1.0,
+    )
