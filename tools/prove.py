@@ -65,19 +65,27 @@ class Outcome:
         return ", ".join(parts) or "nothing ran"
 
 
-def outcome_from_junit(path: Path, seconds: float) -> Outcome:
-    outcome = Outcome(seconds=seconds)
+def junit_cases(path: Path):
+    """Yields ``(classname, name, result, message)`` for every test case of a junit xml file (none if it is missing);
+    ``result`` is passed, failed, error, skipped or xfailed."""
     if not path.exists():
-        return outcome
+        return
     for case in ET.parse(path).iter("testcase"):
-        name = f"{case.get('classname')}::{case.get('name')}"
-        result = "passed"
+        result, message = "passed", ""
         for child in case:
             if child.tag in ("failure", "error"):
                 result = "failed" if child.tag == "failure" else "error"
-            elif child.tag == "skipped":
+                message = (child.get("message") or child.text or "").strip()
+            elif child.tag == "skipped" and result == "passed":  # a failure reported with it stays a failure
                 result = "xfailed" if child.get("type") == "pytest.xfail" else "skipped"
-        outcome.cells[name] = result
+                message = (child.get("message") or "").strip()
+        yield case.get("classname") or "", case.get("name") or "?", result, message
+
+
+def outcome_from_junit(path: Path, seconds: float) -> Outcome:
+    outcome = Outcome(seconds=seconds)
+    for classname, name, result, _ in junit_cases(path):
+        outcome.cells[f"{classname}::{name}"] = result
         outcome.counts[result] = outcome.counts.get(result, 0) + 1
     return outcome
 
