@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# Recipe 1: GRPO with a reference model (beta > 0) and a reward model, both sharded by FSDP like the policy.
+#
+# TRL 0.16.1 leaves the reference and reward models whole on the CPU under FSDP: the first reference forward fails
+# with a device mismatch. With the fork each rank holds 1/NUM_GPUS of them, on its GPU (docs/frozen_models.md).
+# Look for, at the start of the log (main process, --log_level info):
+#   [INFO|trl.models.utils] reference model: sharded by FSDP2 over 8 ranks on cuda:0, this rank holds 12% (...)
+#   [INFO|trl.models.utils] reward model: sharded by FSDP2 over 8 ranks on cuda:0, this rank holds 12% (...)
+#
+#   NUM_GPUS=8 MODEL=Qwen/Qwen2.5-1.5B-Instruct REWARD_MODEL=<sequence classifier> bash examples/recipes/grpo_frozen_models.sh
+#   FSDP=fsdp1 bash examples/recipes/grpo_frozen_models.sh      # FSDP1 instead of FSDP2
+# Under FSDP2, save_model() writes no final model (accelerate 1.6: sharded state dicts only); the checkpoints
+# (every 500 steps) are sharded: `accelerate merge-weights <checkpoint>/pytorch_model_fsdp_0 <dir>` merges one.
+source "$(dirname "${BASH_SOURCE[0]}")/_common.sh"
+: "${MODEL:=Qwen/Qwen2.5-0.5B-Instruct}" "${REWARD_MODEL:?set REWARD_MODEL to a sequence classification model}"
+: "${DATASET:=trl-lib/tldr}" "${FSDP:=fsdp2}" "${OUTPUT_DIR:=runs/grpo-frozen-models}"
+run "$ACCELERATE" launch --config_file "${ACCELERATE_CONFIG:-$CONFIGS/$FSDP.yaml}" --num_processes "$NUM_GPUS" \
+    -m trl.scripts.grpo \
+    --model_name_or_path "$MODEL" --reward_model_name_or_path "$REWARD_MODEL" --dataset_name "$DATASET" \
+    --beta 0.04 `# > 0: a reference model is loaded, and sharded` \
+    --per_device_train_batch_size 4 --num_generations 8 --max_prompt_length 512 --max_completion_length 256 \
+    --learning_rate 1e-6 --bf16 --gradient_checkpointing --logging_steps 10 --log_level info \
+    --output_dir "$OUTPUT_DIR" "$@"

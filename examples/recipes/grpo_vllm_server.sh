@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# Recipe 4: GRPO generating with `trl vllm-serve` on one GPU, training on the others under FSDP2 or ZeRO-3,
+# with or without LoRA.
+#
+# TRL 0.16.1 sends flat FSDP shards under `_fsdp_wrapped_module` names to vLLM (FSDP), or gathers the whole model
+# (ZeRO-3) for every sync. The fork sends exact weights under checkpoint names, gathering at most one bucket of
+# VLLM_SYNC_MB megabytes at a time; with LoRA the adapters are merged layer by layer (docs/vllm_weight_sync.md).
+# Needs vllm>=0.7.2,<0.8.2 (`pip install "trl[vllm] @ git+..."`); older versions are refused with that fix.
+#
+#   NUM_GPUS=8 MODEL=Qwen/Qwen2.5-7B-Instruct REWARD_MODEL=<sequence classifier> bash examples/recipes/grpo_vllm_server.sh
+#   LORA=1 BACKEND=zero3 VLLM_SYNC_MB=256 bash examples/recipes/grpo_vllm_server.sh
+# Under FSDP2, save_model() writes no final model (accelerate 1.6: sharded state dicts only); the checkpoints
+# (every 500 steps) are sharded: `accelerate merge-weights <checkpoint>/pytorch_model_fsdp_0 <dir>` merges one.
+source "$(dirname "${BASH_SOURCE[0]}")/_common.sh"
+: "${MODEL:=Qwen/Qwen2.5-0.5B-Instruct}" "${REWARD_MODEL:?set REWARD_MODEL to a sequence classification model}"
+: "${DATASET:=trl-lib/tldr}" "${BACKEND:=fsdp2}" "${VLLM_SYNC_MB:=128}" "${VLLM_PORT:=8000}"
+: "${OUTPUT_DIR:=runs/grpo-vllm-server}"
+case "$BACKEND" in
+    fsdp2) config=fsdp2.yaml ;; zero3) config=deepspeed_zero3.yaml ;;
+    *) echo "error: BACKEND=$BACKEND: expected fsdp2 or zero3" >&2; exit 2 ;;
+esac
+[ "$NUM_GPUS" -ge 2 ] || { echo "error: NUM_GPUS=$NUM_GPUS: one GPU serves vLLM, at least one trains" >&2; exit 2; }
+lora=()
+if [ -n "${LORA:-}" ]; then lora=(--use_peft --lora_r 16 --lora_alpha 32 --lora_target_modules all-linear); fi
+train_gpus="$(seq -s, 1 $((NUM_GPUS - 1)))"
+
+# 1. vLLM on GPU 0, in the background; stopped when this script exits.
+CUDA_VISIBLE_DEVICES=0 run trl vllm-serve --model "$MODEL" --port "$VLLM_PORT" &
+server=$!
+trap 'kill $server 2>/dev/null || true' EXIT
+if [ -z "${RECIPE_DRY_RUN:-}" ]; then
+    until curl -sf "http://localhost:$VLLM_PORT/health/" >/dev/null; do
+        kill -0 $server 2>/dev/null || { echo "error: trl vllm-serve exited" >&2; exit 1; }
+        sleep 5
+    done
+fi
+
+# 2. Training on GPUs 1..NUM_GPUS-1; the policy's weights go to the server after every optimizer step.
+CUDA_VISIBLE_DEVICES="$train_gpus" run "$ACCELERATE" launch \
+    --config_file "${ACCELERATE_CONFIG:-$CONFIGS/$config}" --num_processes "$((NUM_GPUS - 1))" \
+    -m trl.scripts.grpo \
+    --model_name_or_path "$MODEL" --reward_model_name_or_path "$REWARD_MODEL" --dataset_name "$DATASET" \
+    --use_vllm --vllm_server_host localhost --vllm_server_port "$VLLM_PORT" \
+    --vllm_sync_bucket_size_mb "$VLLM_SYNC_MB" `# bound on weights gathered at once for the sync` \
+    "${lora[@]}" --beta 0.04 --per_device_train_batch_size 4 --num_generations 8 --max_prompt_length 512 \
+    --max_completion_length 256 --learning_rate 1e-6 --bf16 --gradient_checkpointing --logging_steps 10 \
+    --log_level info --output_dir "$OUTPUT_DIR" "$@"

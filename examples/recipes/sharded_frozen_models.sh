@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# Recipe 5: RLOO, PPO or GKD with the reward / value / reference / teacher models sharded like the policy.
+#
+# TRL 0.16.1 keeps these frozen models whole on every GPU (or on the CPU under FSDP), and RLOO / PPO fail under
+# DeepSpeed (a second Accelerator) and PPO under FSDP2. The fork shards them: each rank holds 1/NUM_GPUS
+# (docs/frozen_models.md). PPO under ZeRO-3 trains, but its final save fails as in 0.16.1 (README, known
+# limitations): use FSDP for PPO. Look for (--log_level info):
+#   [INFO|trl.models.utils] teacher model: sharded by FSDP2 over 8 ranks on cuda:0, this rank holds 12% (...)
+#
+#   TRAINER=rloo REWARD_MODEL=<sequence classifier> bash examples/recipes/sharded_frozen_models.sh
+#   TRAINER=ppo BACKEND=fsdp2 REWARD_MODEL=<sequence classifier> bash examples/recipes/sharded_frozen_models.sh
+#   TRAINER=gkd TEACHER=Qwen/Qwen2.5-7B-Instruct DATASET=<dataset with "messages"> bash examples/recipes/sharded_frozen_models.sh
+# Under FSDP2, save_model() writes no final model (accelerate 1.6: sharded state dicts only); the checkpoints
+# (every 500 steps) are sharded: `accelerate merge-weights <checkpoint>/pytorch_model_fsdp_0 <dir>` merges one.
+source "$(dirname "${BASH_SOURCE[0]}")/_common.sh"
+: "${TRAINER:=rloo}" "${MODEL:=Qwen/Qwen2.5-0.5B-Instruct}" "${BACKEND:=fsdp2}"
+: "${OUTPUT_DIR:=runs/$TRAINER-sharded}"
+case "$BACKEND" in
+    fsdp1) config=fsdp1.yaml ;; fsdp2) config=fsdp2.yaml ;; zero3) config=deepspeed_zero3.yaml ;;
+    *) echo "error: BACKEND=$BACKEND: expected fsdp1, fsdp2 or zero3" >&2; exit 2 ;;
+esac
+case "$TRAINER" in
+    rloo | ppo)
+        : "${DATASET:=trl-lib/tldr}"
+        specific=(--reward_model_name_or_path "${REWARD_MODEL:?set REWARD_MODEL to a sequence classifier}"
+                  --total_episodes "${TOTAL_EPISODES:-10000}" --response_length 128 --missing_eos_penalty 1.0) ;;
+    gkd)
+        : "${DATASET:=trl-lib/chatbot_arena_completions}"
+        specific=(--teacher_model_name_or_path "${TEACHER:?set TEACHER to the teacher model}" --lmbda 0.5
+                  --max_new_tokens 128) ;;
+    *) echo "error: TRAINER=$TRAINER: expected rloo, ppo or gkd" >&2; exit 2 ;;
+esac
+run "$ACCELERATE" launch --config_file "${ACCELERATE_CONFIG:-$CONFIGS/$config}" --num_processes "$NUM_GPUS" \
+    "$REPO/examples/scripts/rl_sharded.py" --trainer "$TRAINER" \
+    --model_name_or_path "$MODEL" --dataset_name "$DATASET" "${specific[@]}" \
+    --per_device_train_batch_size 4 --learning_rate 1e-6 --bf16 --gradient_checkpointing --logging_steps 10 \
+    --log_level info --output_dir "$OUTPUT_DIR" "$@"
