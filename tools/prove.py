@@ -90,11 +90,12 @@ def outcome_from_junit(path: Path, seconds: float) -> Outcome:
     return outcome
 
 
-def measure(tree: Path, args: list[str]) -> Outcome:
+def measure(tree: Path, args: list[str], tb: str = "auto") -> Outcome:
+    """``tb="line"`` for runs expected to fail (the pristine base): one line per failure keeps CI logs readable."""
     with tempfile.TemporaryDirectory(prefix="trl-prove-") as tmp:
         junit = Path(tmp) / "junit.xml"
         start = time.monotonic()
-        run_pytest(tree, ["-q", "--no-header", "-rN", *args], junit)
+        run_pytest(tree, ["-q", "--no-header", "-rN", f"--tb={tb}", *args], junit)
         return outcome_from_junit(junit, time.monotonic() - start)
 
 
@@ -110,7 +111,7 @@ def table(matrix: bool, extra: list[str]) -> int:
             ok = False
             continue
         selection = [str(t) for t in tests] + ["-m", "not gpu", *extra]
-        before = measure(base_tree, selection)
+        before = measure(base_tree, selection, tb="line")
         after = measure(after_tree, selection)
         before_fails = before.counts.get("failed", 0) + before.counts.get("error", 0) > 0
         after_passes = after.counts.get("passed", 0) > 0 and set(after.counts) <= {"passed", "skipped"}
@@ -126,7 +127,7 @@ def table(matrix: bool, extra: list[str]) -> int:
 
     if matrix:
         selection = ["tests/dist", "-m", "dist and not gpu", *extra]
-        on_base = measure(base_tree, selection)
+        on_base = measure(base_tree, selection, tb="line")
         on_fork = measure(tree_for("fork"), selection)
         flipped = sorted(c for c, r in on_base.cells.items() if r == "xfailed" and on_fork.cells.get(c) == "passed")
         print("\nDistributed matrix (tests/dist)")
