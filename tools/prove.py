@@ -43,14 +43,22 @@ def tree_for(selector: str) -> Path:
     return forkbuild.build_tree(dest=TREES / ("base" if upto == 0 else f"upto-{upto:04d}"), upto=upto)
 
 
-def run_pytest(tree: Path, args: list[str], junit: Path | None = None) -> int:
+LOGS = forkbuild.ROOT / "build" / "prove-logs"
+
+
+def run_pytest(tree: Path, args: list[str], junit: Path | None = None, log: Path | None = None) -> int:
+    """Runs pytest on ``tree``; with ``log``, its output goes to that file instead of the terminal."""
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(tree), env.get("PYTHONPATH")]))
     env.setdefault("HF_HUB_OFFLINE", "1")
     command = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", *args]
     if junit is not None:
         command.append(f"--junitxml={junit}")
-    return subprocess.run(command, env=env, cwd=forkbuild.ROOT).returncode
+    if log is None:
+        return subprocess.run(command, env=env, cwd=forkbuild.ROOT).returncode
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with open(log, "wb") as out:
+        return subprocess.run(command, env=env, cwd=forkbuild.ROOT, stdout=out, stderr=subprocess.STDOUT).returncode
 
 
 @dataclass
@@ -90,13 +98,19 @@ def outcome_from_junit(path: Path, seconds: float) -> Outcome:
     return outcome
 
 
-def measure(tree: Path, args: list[str], tb: str = "auto") -> Outcome:
-    """``tb="line"`` for runs expected to fail (the pristine base): one line per failure keeps CI logs readable."""
+def measure(tree: Path, args: list[str], log: Path, expect_failures: bool = False) -> Outcome:
+    """Runs a selection with its output in ``log`` (CI logs stay small: the base alone fails hundreds of tests).
+    A run that should pass and does not prints the tail of its log (``expect_failures``: the pristine base, never)."""
     with tempfile.TemporaryDirectory(prefix="trl-prove-") as tmp:
         junit = Path(tmp) / "junit.xml"
         start = time.monotonic()
-        run_pytest(tree, ["-q", "--no-header", "-rN", f"--tb={tb}", *args], junit)
-        return outcome_from_junit(junit, time.monotonic() - start)
+        tb = "line" if expect_failures else "short"
+        run_pytest(tree, ["-q", "--no-header", "-rfE", f"--tb={tb}", *args], junit, log=log)
+        outcome = outcome_from_junit(junit, time.monotonic() - start)
+    if not expect_failures and set(outcome.counts) - {"passed", "skipped", "xfailed"}:
+        lines = log.read_text(errors="replace").splitlines()
+        print(f"----- {log} (last 150 of {len(lines)} lines) -----", *lines[-150:], sep="\n", flush=True)
+    return outcome
 
 
 def table(matrix: bool, extra: list[str]) -> int:
@@ -111,8 +125,9 @@ def table(matrix: bool, extra: list[str]) -> int:
             ok = False
             continue
         selection = [str(t) for t in tests] + ["-m", "not gpu", *extra]
-        before = measure(base_tree, selection, tb="line")
-        after = measure(after_tree, selection)
+        stem = name.removesuffix(".patch")
+        before = measure(base_tree, selection, LOGS / f"{stem}.base.log", expect_failures=True)
+        after = measure(after_tree, selection, LOGS / f"{stem}.patched.log")
         before_fails = before.counts.get("failed", 0) + before.counts.get("error", 0) > 0
         after_passes = after.counts.get("passed", 0) > 0 and set(after.counts) <= {"passed", "skipped"}
         verdict = "OK" if before_fails and after_passes else "NOT PROVEN"
@@ -127,8 +142,8 @@ def table(matrix: bool, extra: list[str]) -> int:
 
     if matrix:
         selection = ["tests/dist", "-m", "dist and not gpu", *extra]
-        on_base = measure(base_tree, selection, tb="line")
-        on_fork = measure(tree_for("fork"), selection)
+        on_base = measure(base_tree, selection, LOGS / "matrix.base.log", expect_failures=True)
+        on_fork = measure(tree_for("fork"), selection, LOGS / "matrix.fork.log")
         flipped = sorted(c for c, r in on_base.cells.items() if r == "xfailed" and on_fork.cells.get(c) == "passed")
         print("\nDistributed matrix (tests/dist)")
         print(f"  pristine base: {on_base.summary()} ({on_base.seconds:.0f} s)")
@@ -137,7 +152,8 @@ def table(matrix: bool, extra: list[str]) -> int:
         for cell in flipped:
             print(f"    {cell}")
         ok &= not any(r in ("failed", "error") for r in [*on_base.cells.values(), *on_fork.cells.values()])
-    print("\nresult:", "every patch proven" if ok else "NOT every patch is proven (see above)")
+    print(f"\n(pytest output of every run: {LOGS})")
+    print("result:", "every patch proven" if ok else "NOT every patch is proven (see above)")
     return 0 if ok else 1
 
 

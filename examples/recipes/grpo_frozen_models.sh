@@ -18,6 +18,6 @@ run "$ACCELERATE" launch --config_file "${ACCELERATE_CONFIG:-$CONFIGS/$FSDP.yaml
     -m trl.scripts.grpo \
     --model_name_or_path "$MODEL" --reward_model_name_or_path "$REWARD_MODEL" --dataset_name "$DATASET" \
     --beta 0.04 `# > 0: a reference model is loaded, and sharded` \
-    --per_device_train_batch_size 4 --num_generations 8 --max_prompt_length 512 --max_completion_length 256 \
+    --per_device_train_batch_size 8 --num_generations 8 `# per-device batch: a multiple of num_generations` --max_prompt_length 512 --max_completion_length 256 \
     --learning_rate 1e-6 --bf16 --gradient_checkpointing --logging_steps 10 --log_level info \
     --output_dir "$OUTPUT_DIR" "$@"

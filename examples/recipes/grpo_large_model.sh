@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Recipe 3: GRPO with a model too large for one GPU: ZeRO-3 or FSDP, generating without gathering the whole model.
 #
-# TRL 0.16.1 gathers the whole model on every GPU to generate (ZeRO-3) or fails ("'weight' must be 2-D", FSDP1).
+# TRL 0.16.1 gathers the whole model on every GPU to generate under FSDP (FSDP1 fails: "'weight' must be 2-D") and,
+# by default, under ZeRO-3 (where --ds3_gather_for_generation false already avoided it).
 # With --disable_unwrapping_for_generation the model stays sharded while it generates: one unit (decoder layer) is
 # gathered at a time, so the peak is one layer, not the model; generation is slower (docs/generation_unwrapping.md).
 #
@@ -22,6 +23,6 @@ run "$ACCELERATE" launch --config_file "${ACCELERATE_CONFIG:-$CONFIGS/$config}" 
     -m trl.scripts.grpo \
     --model_name_or_path "$MODEL" --reward_model_name_or_path "$REWARD_MODEL" --dataset_name "$DATASET" \
     --disable_unwrapping_for_generation `# keep the model sharded while generating` \
-    --beta 0.0 --per_device_train_batch_size 2 --num_generations 8 --max_prompt_length 512 \
+    --beta 0.0 --per_device_train_batch_size 4 --num_generations 4 --max_prompt_length 512 \
     --max_completion_length 256 --learning_rate 1e-6 --bf16 --gradient_checkpointing --logging_steps 10 \
     --log_level info --output_dir "$OUTPUT_DIR" "$@"

@@ -24,13 +24,17 @@ lora=()
 if [ -n "${LORA:-}" ]; then lora=(--use_peft --lora_r 16 --lora_alpha 32 --lora_target_modules all-linear); fi
 train_gpus="$(seq -s, 1 $((NUM_GPUS - 1)))"
 
-# 1. vLLM on GPU 0, in the background; stopped when this script exits.
-CUDA_VISIBLE_DEVICES=0 run trl vllm-serve --model "$MODEL" --port "$VLLM_PORT" &
-server=$!
-trap 'kill $server 2>/dev/null || true' EXIT
+# 1. vLLM on GPU 0, in the background; stopped when this script exits (also on Ctrl-C).
+serve=(trl vllm-serve --model "$MODEL" --port "$VLLM_PORT")
+echo "+ CUDA_VISIBLE_DEVICES=0 ${serve[*]} &" >&2
 if [ -z "${RECIPE_DRY_RUN:-}" ]; then
+    command -v curl >/dev/null || { echo "error: curl is needed to wait for the vLLM server" >&2; exit 2; }
+    CUDA_VISIBLE_DEVICES=0 "${serve[@]}" &
+    server=$!  # the server process itself
+    trap 'kill $server 2>/dev/null || true; wait $server 2>/dev/null || true' EXIT
+    trap 'exit 130' INT TERM
     until curl -sf "http://localhost:$VLLM_PORT/health/" >/dev/null; do
-        kill -0 $server 2>/dev/null || { echo "error: trl vllm-serve exited" >&2; exit 1; }
+        kill -0 $server 2>/dev/null || { echo "error: trl vllm-serve exited before it was ready" >&2; exit 1; }
         sleep 5
     done
 fi
@@ -42,6 +46,6 @@ CUDA_VISIBLE_DEVICES="$train_gpus" run "$ACCELERATE" launch \
     --model_name_or_path "$MODEL" --reward_model_name_or_path "$REWARD_MODEL" --dataset_name "$DATASET" \
     --use_vllm --vllm_server_host localhost --vllm_server_port "$VLLM_PORT" \
     --vllm_sync_bucket_size_mb "$VLLM_SYNC_MB" `# bound on weights gathered at once for the sync` \
-    "${lora[@]}" --beta 0.04 --per_device_train_batch_size 4 --num_generations 8 --max_prompt_length 512 \
+    "${lora[@]}" --beta 0.04 --per_device_train_batch_size 8 --num_generations 8 --max_prompt_length 512 \
     --max_completion_length 256 --learning_rate 1e-6 --bf16 --gradient_checkpointing --logging_steps 10 \
     --log_level info --output_dir "$OUTPUT_DIR" "$@"

@@ -3,8 +3,8 @@
 #
 # TRL 0.16.1 keeps these frozen models whole on every GPU (or on the CPU under FSDP), and RLOO / PPO fail under
 # DeepSpeed (a second Accelerator) and PPO under FSDP2. The fork shards them: each rank holds 1/NUM_GPUS
-# (docs/frozen_models.md). PPO under ZeRO-3 trains, but its final save fails as in 0.16.1 (README, known
-# limitations): use FSDP for PPO. Look for (--log_level info):
+# (docs/frozen_models.md). Default backend FSDP1, whose final save writes the whole model; PPO under ZeRO-3 is
+# refused (its final save fails in 0.16.1, README known limitations). Look for (--log_level info):
 #   [INFO|trl.models.utils] teacher model: sharded by FSDP2 over 8 ranks on cuda:0, this rank holds 12% (...)
 #
 #   TRAINER=rloo REWARD_MODEL=<sequence classifier> bash examples/recipes/sharded_frozen_models.sh
@@ -13,7 +13,7 @@
 # Under FSDP2, save_model() writes no final model (accelerate 1.6: sharded state dicts only); the checkpoints
 # (every 500 steps) are sharded: `accelerate merge-weights <checkpoint>/pytorch_model_fsdp_0 <dir>` merges one.
 source "$(dirname "${BASH_SOURCE[0]}")/_common.sh"
-: "${TRAINER:=rloo}" "${MODEL:=Qwen/Qwen2.5-0.5B-Instruct}" "${BACKEND:=fsdp2}"
+: "${TRAINER:=rloo}" "${MODEL:=Qwen/Qwen2.5-0.5B-Instruct}" "${BACKEND:=fsdp1}"
 : "${OUTPUT_DIR:=runs/$TRAINER-sharded}"
 case "$BACKEND" in
     fsdp1) config=fsdp1.yaml ;; fsdp2) config=fsdp2.yaml ;; zero3) config=deepspeed_zero3.yaml ;;
@@ -30,8 +30,13 @@ case "$TRAINER" in
                   --max_new_tokens 128) ;;
     *) echo "error: TRAINER=$TRAINER: expected rloo, ppo or gkd" >&2; exit 2 ;;
 esac
+if [ "$TRAINER" = ppo ] && [ "$BACKEND" = zero3 ]; then
+    echo "error: PPO under ZeRO-3 trains but cannot save its final model in TRL 0.16.1; use BACKEND=fsdp1" >&2
+    exit 2
+fi
+if [ "$TRAINER" = gkd ]; then specific+=(--gradient_checkpointing); fi  # RLOO / PPO loops do not use it
 run "$ACCELERATE" launch --config_file "${ACCELERATE_CONFIG:-$CONFIGS/$config}" --num_processes "$NUM_GPUS" \
     "$REPO/examples/scripts/rl_sharded.py" --trainer "$TRAINER" \
     --model_name_or_path "$MODEL" --dataset_name "$DATASET" "${specific[@]}" \
-    --per_device_train_batch_size 4 --learning_rate 1e-6 --bf16 --gradient_checkpointing --logging_steps 10 \
+    --per_device_train_batch_size 4 --learning_rate 1e-6 --bf16 --logging_steps 10 \
     --log_level info --output_dir "$OUTPUT_DIR" "$@"

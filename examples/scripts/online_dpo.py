@@ -6,12 +6,15 @@
         --model_name_or_path Qwen/Qwen2.5-0.5B-Instruct --reward_model_path <reward model> \
         --dataset_name trl-lib/ultrafeedback-prompt --output_dir online-dpo --log_level info
 
-Give exactly one of ``--reward_model_path`` and ``--judge`` (fields of ``OnlineDPOConfig``) (``pair_rm``, ``hf``, ``openai`` or
-``module:Class`` of your own ``BasePairwiseJudge``, importable from the working directory). The recipes in
+Give exactly one of ``--reward_model_path`` and ``--judge`` (fields of ``OnlineDPOConfig``): ``pair_rm``, ``hf``,
+``openai``, or ``module:Class`` of your own ``BasePairwiseJudge``, importable from the working directory or
+``PYTHONPATH``. The recipes in
 ``examples/recipes/`` call this script; see README "Run it on GPUs".
 """
 
 import importlib
+import os
+import sys
 
 from datasets import load_dataset
 from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification, AutoTokenizer
@@ -37,6 +40,8 @@ def make_judge(spec):
     if spec in JUDGES:
         return JUDGES[spec]()
     module, _, name = spec.partition(":")
+    if os.getcwd() not in sys.path:  # `accelerate launch` puts this script's directory first, not the working one
+        sys.path.append(os.getcwd())
     if not name:
         raise SystemExit(f"error: --judge {spec!r}: expected one of {sorted(JUDGES)} or module:Class")
     return getattr(importlib.import_module(module), name)()
