@@ -15,6 +15,7 @@ import shlex
 import subprocess
 import sys
 from pathlib import Path
+from unittest import mock
 
 import pytest
 from harness.fixtures import build_fixtures
@@ -152,7 +153,8 @@ def test_vllm_server_recipe_parses(lora, backend):
     module = train.index("-m")
     assert train[module + 1] == "trl.scripts.grpo" and train[train.index("--num_processes") + 1] == "3"
     assert train[train.index("--config_file") + 1].endswith("fsdp2.yaml" if backend == "fsdp2" else "zero3.yaml")
-    script_args, args, model_args = grpo_parser().parse_args_and_config(train[module + 2 :])
+    with mock.patch.dict(os.environ):  # TrainingArguments(bf16=True) sets ACCELERATE_MIXED_PRECISION for the process
+        script_args, args, model_args = grpo_parser().parse_args_and_config(train[module + 2 :])
     assert args.use_vllm and args.vllm_sync_bucket_size_mb == 64 and args.vllm_server_port == 8000
     assert model_args.use_peft == bool(lora)
     assert args.per_device_train_batch_size * 3 % args.num_generations == 0  # GRPO refuses any other batch
@@ -168,7 +170,8 @@ def test_grpo_recipe_batch_fits_any_gpu_count(recipe, num_gpus):
     env = dict(os.environ, RECIPE_DRY_RUN="1", NUM_GPUS=str(num_gpus), REWARD_MODEL="reward")
     (train,) = [cmd for cmd in _dry_run(recipe, env) if "-m" in cmd]
     processes = int(train[train.index("--num_processes") + 1])
-    _, args, _ = grpo_parser().parse_args_and_config(train[train.index("-m") + 2 :])
+    with mock.patch.dict(os.environ):  # TrainingArguments(bf16=True) sets ACCELERATE_MIXED_PRECISION for the process
+        _, args, _ = grpo_parser().parse_args_and_config(train[train.index("-m") + 2 :])
     assert processes * args.per_device_train_batch_size % args.num_generations == 0, (processes, args)
 
 
