@@ -20,6 +20,16 @@ if [ -z "${NUM_GPUS:-}" ]; then
     fi
 fi
 ACCELERATE="${ACCELERATE:-accelerate}"
+declare -A CONFIG_FILES=([ddp]=multi_gpu.yaml [zero2]=deepspeed_zero2.yaml [zero3]=deepspeed_zero3.yaml
+                        [fsdp1]=fsdp1.yaml [fsdp2]=fsdp2.yaml)
+config_for() {  # config_for BACKEND ALLOWED...: $ACCELERATE_CONFIG, else the config file of BACKEND if it is allowed
+    local backend="$1"
+    shift
+    case " $* " in
+        *" $backend "*) echo "${ACCELERATE_CONFIG:-$CONFIGS/${CONFIG_FILES[$backend]}}" ;;
+        *) echo "error: backend '$backend': expected one of: $*" >&2; return 2 ;;
+    esac
+}
 run() {  # prints the command, then runs it (RECIPE_DRY_RUN=1: prints it only)
     echo "+ $*" >&2
     if [ -z "${RECIPE_DRY_RUN:-}" ]; then "$@"; fi

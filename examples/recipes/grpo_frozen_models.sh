@@ -14,7 +14,8 @@
 source "$(dirname "${BASH_SOURCE[0]}")/_common.sh"
 : "${MODEL:=Qwen/Qwen2.5-0.5B-Instruct}" "${REWARD_MODEL:?set REWARD_MODEL to a sequence classification model}"
 : "${DATASET:=trl-lib/tldr}" "${FSDP:=fsdp2}" "${OUTPUT_DIR:=runs/grpo-frozen-models}"
-run "$ACCELERATE" launch --config_file "${ACCELERATE_CONFIG:-$CONFIGS/$FSDP.yaml}" --num_processes "$NUM_GPUS" \
+config="$(config_for "$FSDP" fsdp1 fsdp2)"
+run "$ACCELERATE" launch --config_file "$config" --num_processes "$NUM_GPUS" \
     -m trl.scripts.grpo \
     --model_name_or_path "$MODEL" --reward_model_name_or_path "$REWARD_MODEL" --dataset_name "$DATASET" \
     --beta 0.04 `# > 0: a reference model is loaded, and sharded` \

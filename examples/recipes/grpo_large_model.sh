@@ -14,12 +14,9 @@ source "$(dirname "${BASH_SOURCE[0]}")/_common.sh"
 : "${MODEL:=Qwen/Qwen2.5-7B-Instruct}" "${REWARD_MODEL:?set REWARD_MODEL to a sequence classification model}"
 : "${DATASET:=trl-lib/tldr}" "${BACKEND:=zero3}"
 : "${OUTPUT_DIR:=runs/grpo-large-model}"
-case "$BACKEND" in
-    zero3) config=deepspeed_zero3.yaml ;; fsdp1) config=fsdp1.yaml ;; fsdp2) config=fsdp2.yaml ;;
-    *) echo "error: BACKEND=$BACKEND: expected zero3, fsdp1 or fsdp2" >&2; exit 2 ;;
-esac
+config="$(config_for "$BACKEND" zero3 fsdp1 fsdp2)"
 # beta 0: no reference model (add --beta 0.04 for one: it is sharded like the policy, see grpo_frozen_models.sh).
-run "$ACCELERATE" launch --config_file "${ACCELERATE_CONFIG:-$CONFIGS/$config}" --num_processes "$NUM_GPUS" \
+run "$ACCELERATE" launch --config_file "$config" --num_processes "$NUM_GPUS" \
     -m trl.scripts.grpo \
     --model_name_or_path "$MODEL" --reward_model_name_or_path "$REWARD_MODEL" --dataset_name "$DATASET" \
     --disable_unwrapping_for_generation `# keep the model sharded while generating` \

@@ -15,10 +15,7 @@ source "$(dirname "${BASH_SOURCE[0]}")/_common.sh"
 : "${MODEL:=Qwen/Qwen2.5-0.5B-Instruct}" "${REWARD_MODEL:?set REWARD_MODEL to a sequence classification model}"
 : "${DATASET:=trl-lib/tldr}" "${BACKEND:=fsdp2}" "${VLLM_SYNC_MB:=128}" "${VLLM_PORT:=8000}"
 : "${OUTPUT_DIR:=runs/grpo-vllm-server}"
-case "$BACKEND" in
-    fsdp2) config=fsdp2.yaml ;; zero3) config=deepspeed_zero3.yaml ;;
-    *) echo "error: BACKEND=$BACKEND: expected fsdp2 or zero3" >&2; exit 2 ;;
-esac
+config="$(config_for "$BACKEND" fsdp2 zero3)"
 [ "$NUM_GPUS" -ge 2 ] || { echo "error: NUM_GPUS=$NUM_GPUS: one GPU serves vLLM, at least one trains" >&2; exit 2; }
 lora=()
 if [ -n "${LORA:-}" ]; then lora=(--use_peft --lora_r 16 --lora_alpha 32 --lora_target_modules all-linear); fi
@@ -41,7 +38,7 @@ fi
 
 # 2. Training on GPUs 1..NUM_GPUS-1; the policy's weights go to the server after every optimizer step.
 CUDA_VISIBLE_DEVICES="$train_gpus" run "$ACCELERATE" launch \
-    --config_file "${ACCELERATE_CONFIG:-$CONFIGS/$config}" --num_processes "$((NUM_GPUS - 1))" \
+    --config_file "$config" --num_processes "$((NUM_GPUS - 1))" \
     -m trl.scripts.grpo \
     --model_name_or_path "$MODEL" --reward_model_name_or_path "$REWARD_MODEL" --dataset_name "$DATASET" \
     --use_vllm --vllm_server_host localhost --vllm_server_port "$VLLM_PORT" \

@@ -11,13 +11,10 @@
 source "$(dirname "${BASH_SOURCE[0]}")/_common.sh"
 : "${MODEL:=Qwen/Qwen2.5-0.5B-Instruct}" "${DATASET:=trl-lib/ultrafeedback-prompt}" "${BACKEND:=zero3}"
 : "${OUTPUT_DIR:=runs/online-dpo}"
-case "$BACKEND" in
-    ddp) config=multi_gpu.yaml ;; zero2) config=deepspeed_zero2.yaml ;; zero3) config=deepspeed_zero3.yaml ;;
-    *) echo "error: BACKEND=$BACKEND: expected ddp, zero2 or zero3" >&2; exit 2 ;;
-esac
+config="$(config_for "$BACKEND" ddp zero2 zero3)"
 if [ -n "${JUDGE:-}" ]; then scorer=(--judge "$JUDGE"); else
     scorer=(--reward_model_path "${REWARD_MODEL:?set REWARD_MODEL (a sequence classifier) or JUDGE}"); fi
-run "$ACCELERATE" launch --config_file "${ACCELERATE_CONFIG:-$CONFIGS/$config}" --num_processes "$NUM_GPUS" \
+run "$ACCELERATE" launch --config_file "$config" --num_processes "$NUM_GPUS" \
     "$REPO/examples/scripts/online_dpo.py" \
     --model_name_or_path "$MODEL" "${scorer[@]}" --dataset_name "$DATASET" \
     --per_device_train_batch_size 4 --max_new_tokens 128 --learning_rate 5e-7 --beta 0.1 \

@@ -15,10 +15,7 @@
 source "$(dirname "${BASH_SOURCE[0]}")/_common.sh"
 : "${TRAINER:=rloo}" "${MODEL:=Qwen/Qwen2.5-0.5B-Instruct}" "${BACKEND:=fsdp1}"
 : "${OUTPUT_DIR:=runs/$TRAINER-sharded}"
-case "$BACKEND" in
-    fsdp1) config=fsdp1.yaml ;; fsdp2) config=fsdp2.yaml ;; zero3) config=deepspeed_zero3.yaml ;;
-    *) echo "error: BACKEND=$BACKEND: expected fsdp1, fsdp2 or zero3" >&2; exit 2 ;;
-esac
+config="$(config_for "$BACKEND" fsdp1 fsdp2 zero3)"
 case "$TRAINER" in
     rloo | ppo)
         : "${DATASET:=trl-lib/tldr}"
@@ -35,7 +32,7 @@ if [ "$TRAINER" = ppo ] && [ "$BACKEND" = zero3 ]; then
     exit 2
 fi
 if [ "$TRAINER" = gkd ]; then specific+=(--gradient_checkpointing); fi  # RLOO / PPO loops do not use it
-run "$ACCELERATE" launch --config_file "${ACCELERATE_CONFIG:-$CONFIGS/$config}" --num_processes "$NUM_GPUS" \
+run "$ACCELERATE" launch --config_file "$config" --num_processes "$NUM_GPUS" \
     "$REPO/examples/scripts/rl_sharded.py" --trainer "$TRAINER" \
     --model_name_or_path "$MODEL" --dataset_name "$DATASET" "${specific[@]}" \
     --per_device_train_batch_size 4 --learning_rate 1e-6 --bf16 --logging_steps 10 \
