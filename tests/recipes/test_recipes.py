@@ -18,7 +18,7 @@ from pathlib import Path
 from unittest import mock
 
 import pytest
-from harness.fixtures import build_fixtures
+from harness.fixtures import build_fixtures, on_policy_kwargs
 from harness.launcher import REPO_ROOT, derive_config, harness_env, run_command
 
 
@@ -36,9 +36,10 @@ class LongerIsBetterJudge(BasePairwiseJudge):
 
 GRPO_CPU = ["--per_device_train_batch_size", "2", "--num_generations", "2", "--max_prompt_length", "32",
             "--max_completion_length", "8"]  # fmt: skip
-ON_POLICY_CPU = ["--per_device_train_batch_size", "2", "--total_episodes", "4", "--response_length", "8",
-                 "--num_ppo_epochs", "1", "--num_mini_batches", "1", "--local_rollout_forward_batch_size", "2",
-                 "--num_sample_generations", "0"]  # fmt: skip
+# The rollout settings of the matrix workers (harness.fixtures.on_policy_kwargs), as command-line arguments
+ON_POLICY_CPU = ["--per_device_train_batch_size", "2"] + [
+    arg for key, value in on_policy_kwargs({}, total_episodes=4).items() for arg in (f"--{key}", str(value))
+]
 SHARED_CPU = ["--bf16", "false", "--gradient_checkpointing", "false", "--max_steps", "1", "--logging_steps", "1",
               "--save_strategy", "no", "--report_to", "none", "--disable_tqdm", "true", "--seed", "42"]  # fmt: skip
 
