@@ -20,7 +20,7 @@ export TOKENIZERS_PARALLELISM := false
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
 .PHONY: help install dev materialize export check-roundtrip check-tracked pr-branches info \
-	test test-dist test-slow test-gpu test-all demo prove quality style ci clean \
+	test test-dist test-slow test-gpu recipes-gpu test-all demo prove quality style ci clean \
 	venv-torch26 test-torch26
 
 help:  ## list the targets
@@ -68,6 +68,11 @@ test-slow: dev  ## the slow tests that launch no distributed job (fresh-venv `pi
 
 test-gpu: dev  ## the GPU cells (needs CUDA)
 	$(PY) -m pytest -m gpu tests $$($(PY) tools/forkbuild.py patch-tests --tree $(TREE)) $(PYTEST_ARGS)
+
+RECIPES_REPORT ?= docs/recipes_gpu.md
+recipes-gpu: dev  ## every recipe on this machine's GPUs, 5 steps each; time per step and peak memory -> RECIPES_REPORT
+	@$(PY) -c "import sys, torch; sys.exit(0 if torch.cuda.is_available() else 'recipes-gpu: no CUDA GPU visible to torch')"
+	RECIPES_REPORT=$(RECIPES_REPORT) $(PY) -m pytest -m gpu tests/recipes $(PYTEST_ARGS)
 
 test-all: dev  ## everything but the GPU cells
 	$(PY) -m pytest -m "not gpu" tests $$($(PY) tools/forkbuild.py patch-tests --tree $(TREE)) $(PYTEST_ARGS)

@@ -9,11 +9,13 @@ tells the user to look for (where each frozen model lives). The vLLM recipe cann
 commands are printed (``RECIPE_DRY_RUN=1``) and parsed by the parsers of ``trl vllm-serve`` and ``trl grpo``.
 """
 
+import json
 import os
 import re
 import shlex
 import subprocess
 import sys
+import time
 from pathlib import Path
 from unittest import mock
 
@@ -23,6 +25,7 @@ from harness.launcher import REPO_ROOT, derive_config, harness_env, run_command
 
 
 RECIPES = REPO_ROOT / "examples" / "recipes"
+MEASURE_HOOK = Path(__file__).with_name("measure_hook.py")
 JUDGE = '''
 from trl.trainer.judges import BasePairwiseJudge
 
@@ -87,10 +90,10 @@ def fixtures(tmp_path_factory):
     return dict(manifest, messages=str(root / "messages"), judges=str(root / "judges"))
 
 
-def _recipe_env(fixtures, backend, config, work, extra):
-    env = harness_env(backend, device="cpu", error_dir=work / "errors")
+def _recipe_env(fixtures, backend, config, work, extra, device="cpu", num_processes=2):
+    env = harness_env(backend, device=device, error_dir=work / "errors", preload=[MEASURE_HOOK])
     env.update(
-        NUM_GPUS="2",
+        NUM_GPUS=str(num_processes),
         ACCELERATE_CONFIG=str(config),
         ACCELERATE=str(Path(sys.executable).with_name("accelerate")),
         MODEL=fixtures["policy"],
@@ -101,24 +104,22 @@ def _recipe_env(fixtures, backend, config, work, extra):
         HF_HOME=str(work / "hf_home"),
         PATH=os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")]),
         PYTHONPATH=os.pathsep.join([fixtures["judges"], env["PYTHONPATH"]]),
+        RECIPE_MEASURE_DIR=str(work / "measure"),
     )
     env.update(extra)
     return env
 
 
-@pytest.mark.dist
-@pytest.mark.parametrize(
-    "recipe, backend, extra_env, cpu_args, expected", [c[1:] for c in CASES], ids=[c[0] for c in CASES]
-)
-def test_recipe_trains_on_cpu(fixtures, tmp_path, recipe, backend, extra_env, cpu_args, expected):
-    config = derive_config(backend, tmp_path / "config", device="cpu", num_processes=2)
-    env = _recipe_env(fixtures, backend, config, tmp_path, extra_env)
-    result = run_command(
-        ["bash", RECIPES / f"{recipe}.sh", *cpu_args, *SHARED_CPU], env=env, workdir=tmp_path, backend=backend
-    )
+def run_recipe(fixtures, work, recipe, backend, extra_env, args, expected, *, device="cpu", num_processes=2):
+    """Runs a recipe as a user would, checks that it trained and logged ``expected``, returns its measurements."""
+    config = derive_config(backend, work / "config", device=device, num_processes=num_processes)
+    env = _recipe_env(fixtures, backend, config, work, extra_env, device, num_processes)
+    started = time.perf_counter()
+    result = run_command(["bash", RECIPES / f"{recipe}.sh", *args], env=env, workdir=work, backend=backend)
+    wall = time.perf_counter() - started
     result.check()
     output = result.output or Path(result.log_path).read_text(errors="replace")
-    saved = sorted(p.name for p in (tmp_path / "output").glob("*.safetensors"))
+    saved = sorted(p.name for p in (work / "output").glob("*.safetensors"))
     if backend == "fsdp2":  # accelerate 1.6 saves FSDP2 models as sharded checkpoints only: save_model writes nothing
         assert "'train_loss'" in output or "'objective/kl'" in output, output[-3000:]
     else:
@@ -127,6 +128,103 @@ def test_recipe_trains_on_cpu(fixtures, tmp_path, recipe, backend, extra_env, cp
     for pattern in expected:
         matches = [line for line in logged if re.search(pattern, line)]
         assert len(matches) == 1, f"{pattern!r}: main process should log it once, got {logged}"
+    records = [json.loads(p.read_text()) for p in sorted((work / "measure").glob("rank*.json"))]
+    assert sorted(r["rank"] for r in records) == list(range(num_processes)), "a rank wrote no measurement"
+    return summarize(records, wall)
+
+
+def summarize(records, wall):
+    """One row of the report: seconds per step (median over the steps after the first) and peak memory per rank."""
+    steps = min(len(r["step_ends"]) for r in records)
+    gaps = sorted(b - a for r in records for a, b in zip(r["step_ends"][:steps], r["step_ends"][1:steps]))
+    cuda = [r["cuda_max_allocated_mib"] for r in records if r["cuda_max_allocated_mib"] is not None]
+    return {
+        "steps": steps,
+        "s_per_step": gaps[len(gaps) // 2] if gaps else None,
+        "wall_s": wall,
+        "max_rss_mib": max(r["max_rss_mib"] for r in records),
+        "cuda_max_allocated_mib": max(cuda) if cuda else None,
+        "cuda_max_reserved_mib": max(r["cuda_max_reserved_mib"] for r in records) if cuda else None,
+    }
+
+
+@pytest.mark.dist
+@pytest.mark.parametrize(
+    "recipe, backend, extra_env, cpu_args, expected", [c[1:] for c in CASES], ids=[c[0] for c in CASES]
+)
+def test_recipe_trains_on_cpu(fixtures, tmp_path, recipe, backend, extra_env, cpu_args, expected):
+    row = run_recipe(fixtures, tmp_path, recipe, backend, extra_env, [*cpu_args, *SHARED_CPU], expected)
+    assert row["steps"] == 1 and row["max_rss_mib"] > 0 and row["cuda_max_allocated_mib"] is None, row
+
+
+def _gpu_count():
+    import torch
+
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+@pytest.fixture(scope="module")
+def gpu_report():
+    """Rows of the GPU runs; written as a markdown table to ``$RECIPES_REPORT`` (``make recipes-gpu``) at the end."""
+    rows = []
+    yield rows
+    destination = os.environ.get("RECIPES_REPORT")
+    if destination and rows:
+        Path(destination).write_text(render_report(rows))
+
+
+def render_report(rows):
+    import torch
+
+    def number(value, fmt):
+        return "n/a" if value is None else format(value, fmt)
+
+    gpus = {torch.cuda.get_device_name(i) for i in range(_gpu_count())} or {"no GPU"}
+    lines = [
+        "# Recipes on GPUs: time per step and peak memory",
+        "",
+        "Written by `make recipes-gpu` (`tests/recipes/test_recipes.py::test_recipe_trains_on_gpu`): every recipe of",
+        "`examples/recipes/` as a user runs it (bf16 and the recipe's own settings), with the test fixtures' models",
+        "unless `RECIPES_GPU_MODEL` / `RECIPES_GPU_REWARD_MODEL` name others, the small batch and lengths of the CPU",
+        f"test and `--max_steps {GPU_STEPS}`. Seconds per step: median over the steps after the first, all ranks.",
+        "Peak memory: the largest `torch.cuda.max_memory_allocated()` (reserved in brackets) of any rank.",
+        "",
+        f"Torch {torch.__version__}, {', '.join(sorted(gpus))}.",
+        "",
+        "| case | processes | model | s/step | peak allocated MiB (reserved) | wall s |",
+        "| --- | --- | --- | --- | --- | --- |",
+    ]
+    for row in rows:
+        peak = f"{number(row['cuda_max_allocated_mib'], '.0f')} ({number(row['cuda_max_reserved_mib'], '.0f')})"
+        lines.append(
+            f"| {row['case']} | {row['processes']} | {row['model']} | {number(row['s_per_step'], '.3f')} | {peak} "
+            f"| {row['wall_s']:.0f} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+GPU_STEPS = 5
+GPU_SHARED = ["--max_steps", str(GPU_STEPS), "--logging_steps", "1", "--save_strategy", "no", "--report_to", "none",
+              "--disable_tqdm", "true", "--seed", "42"]  # fmt: skip
+
+
+@pytest.mark.gpu
+@pytest.mark.dist
+@pytest.mark.parametrize(
+    "case, recipe, backend, extra_env, cpu_args, expected", [c for c in CASES], ids=[c[0] for c in CASES]
+)
+def test_recipe_trains_on_gpu(fixtures, tmp_path, gpu_report, case, recipe, backend, extra_env, cpu_args, expected):
+    """The CPU case on the GPUs (one process each, the recipe's bf16), measured for docs/ (``make recipes-gpu``)."""
+    num_processes = _gpu_count()
+    fixtures = dict(fixtures)
+    fixtures["policy"] = os.environ.get("RECIPES_GPU_MODEL", fixtures["policy"])
+    fixtures["reward"] = os.environ.get("RECIPES_GPU_REWARD_MODEL", fixtures["reward"])
+    # Where each frozen model lives (on cuda:N); the share it holds depends on the number of GPUs
+    roles = [rf"{pattern.split(':')[0]}: .* on cuda:\d+, this rank holds" for pattern in expected]
+    row = run_recipe(fixtures, tmp_path, recipe, backend, extra_env, [*cpu_args, *GPU_SHARED], roles,
+                     device="cuda", num_processes=num_processes)  # fmt: skip
+    assert row["steps"] == GPU_STEPS and row["cuda_max_allocated_mib"] > 0, row
+    gpu_report.append(dict(row, case=case, processes=num_processes, model=Path(fixtures["policy"]).name))
 
 
 def _dry_run(recipe, env):
@@ -188,3 +286,22 @@ def test_every_recipe_has_a_cpu_test(recipe):
         while "=" in command[0]:  # environment assignments (CUDA_VISIBLE_DEVICES=0 trl vllm-serve ...)
             command = command[1:]
         assert command[0].endswith("accelerate") or command[0] == "trl", command
+
+
+def test_report_from_measurements(tmp_path):
+    """The GPU report's arithmetic and table, on made-up measurements of two ranks (runs without a GPU)."""
+    records = [
+        {"rank": 0, "step_ends": [10.0, 10.5, 11.2, 11.6], "max_rss_mib": 900.0,
+         "cuda_max_allocated_mib": 1200.0, "cuda_max_reserved_mib": 1500.0},
+        {"rank": 1, "step_ends": [10.1, 10.4, 11.0, 11.5], "max_rss_mib": 950.0,
+         "cuda_max_allocated_mib": 1100.0, "cuda_max_reserved_mib": 1600.0},
+    ]  # fmt: skip
+    row = summarize(records, wall=42.0)
+    # gaps after the first step: 0.5 0.7 0.4 (rank 0), 0.3 0.6 0.5 (rank 1) -> median of six = the 4th smallest
+    assert row["steps"] == 4 and row["s_per_step"] == pytest.approx(0.5)
+    assert row["cuda_max_allocated_mib"] == 1200.0 and row["cuda_max_reserved_mib"] == 1600.0
+    assert row["max_rss_mib"] == 950.0
+    table = render_report([dict(row, case="grpo-fsdp2", processes=2, model="policy")])
+    assert "| grpo-fsdp2 | 2 | policy | 0.500 | 1200 (1600) | 42 |" in table
+    one_step = summarize([dict(records[0], step_ends=[3.0], cuda_max_allocated_mib=None)], wall=5.0)
+    assert one_step["s_per_step"] is None and one_step["cuda_max_allocated_mib"] is None
