@@ -210,9 +210,7 @@ GPU_SHARED = ["--max_steps", str(GPU_STEPS), "--logging_steps", "1", "--save_str
 
 @pytest.mark.gpu
 @pytest.mark.dist
-@pytest.mark.parametrize(
-    "case, recipe, backend, extra_env, cpu_args, expected", CASES, ids=[c[0] for c in CASES]
-)
+@pytest.mark.parametrize("case, recipe, backend, extra_env, cpu_args, expected", CASES, ids=[c[0] for c in CASES])
 def test_recipe_trains_on_gpu(fixtures, tmp_path, gpu_report, case, recipe, backend, extra_env, cpu_args, expected):
     """The CPU case on the GPUs (one process each, the recipe's bf16), measured for docs/ (``make recipes-gpu``)."""
     num_processes = _gpu_count()
