@@ -80,7 +80,7 @@ test-all: dev  ## everything but the GPU cells
 demo: dev  ## GRPO through `trl grpo` on a tiny local model, 2 CPU processes, with a reference model
 	$(PY) examples/demo/run_demo.py $(DEMO_ARGS)
 
-prove: dev  ## each patch's tests on the pristine base (must fail) and with the patch (must pass); prints a table
+prove: dev  ## each patch's tests on the series before it (must fail) and with it (must pass); prints a table
 	$(PY) tools/prove.py table $(PROVE_ARGS)
 
 quality: dev  ## ruff on our code, and on the files the patches touch (upstream's settings)

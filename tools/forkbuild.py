@@ -400,11 +400,61 @@ def check_roundtrip(patches_dir: Path = PATCHES_DIR) -> None:
             raise BuildError(f"materialize + export changes {', '.join(differing)}; run `make export` and commit")
 
 
-def pr_branches(src: Path = DEV_TREE, *, patches_dir: Path = PATCHES_DIR) -> list[str]:
-    """Create ``pr/<slug>`` (base tag + that patch alone) and ``pr-stack/<slug>`` (the series up to it)."""
+PR_DESCRIPTIONS = ROOT / "build" / "pr"
+TRAILER = re.compile(r"^[A-Z][A-Za-z-]*: ")
+
+
+def split_message(message: str) -> tuple[str, list[str], dict[str, str]]:
+    """A patch's commit message as (subject, body paragraphs, DEP-3 trailers); trailer continuation lines join."""
+    subject, _, rest = message.strip().partition("\n")
+    paragraphs = [p.strip("\n") for p in re.split(r"\n\s*\n", rest.strip()) if p.strip()]
+    trailers = {}
+    if paragraphs and all(TRAILER.match(line) or line.startswith(" ") for line in paragraphs[-1].splitlines()):
+        key = None
+        for line in paragraphs.pop().splitlines():
+            if line.startswith(" ") and key:
+                trailers[key] += " " + line.strip()
+            else:
+                key, _, value = line.partition(": ")
+                trailers[key] = value.strip()
+    return subject.strip(), paragraphs, trailers
+
+
+def pr_description(message: str, *, base: str, depends_on: list[str] = ()) -> str:
+    """The description of the upstream PR of one patch, from its header: title, motivation (the failure it fixes),
+    what changed, tests and upstream status."""
+    subject, paragraphs, trailers = split_message(message)
+    sections = {"Motivation": [], "What changed": [], "Tests": []}
+    current = "What changed"
+    for paragraph in paragraphs:
+        for prefix, section in (("Failure fixed:", "Motivation"), ("Tests:", "Tests")):
+            if paragraph.startswith(prefix):
+                current, paragraph = section, paragraph[len(prefix) :].strip()
+        sections[current].append(paragraph)
+    status = trailers.get("Upstream-Status")
+    if not status:
+        raise BuildError(f"{subject!r}: the header has no Upstream-Status trailer")
+    lines = [f"# {subject}", ""]
+    for title, body in sections.items():
+        lines += [f"## {title}", "", "\n\n".join(body) or "(not stated in the patch header)", ""]
+    lines += ["## Upstream status", "", status, "", f"Written against trl {base}."]
+    if depends_on:
+        lines.append(
+            f"Stacked on the fork's earlier patches (it does not apply to trl {base} alone): " + "; ".join(depends_on)
+        )
+    return "\n".join(lines) + "\n"
+
+
+def pr_branches(
+    src: Path = DEV_TREE, *, patches_dir: Path = PATCHES_DIR, descriptions: Path = PR_DESCRIPTIONS
+) -> list[str]:
+    """Create ``pr/<slug>`` (base tag + that patch alone) and ``pr-stack/<slug>`` (the series up to it), and write
+    each PR's description to ``descriptions/<NNNN-slug>.md``."""
     base = load_base(patches_dir)
     commits = git(src, "rev-list", "--reverse", f"{base.tag}..HEAD").stdout.split()
     report = []
+    descriptions.mkdir(parents=True, exist_ok=True)
+    subjects = []
     with tempfile.TemporaryDirectory(prefix="trl-fork-pr-") as tmp:
         scratch = Path(tmp) / "wt"
         git(src, "worktree", "add", "--quiet", "--detach", str(scratch), base.tag)
@@ -431,6 +481,12 @@ def pr_branches(src: Path = DEV_TREE, *, patches_dir: Path = PATCHES_DIR) -> lis
                         f"submit pr-stack/{index:04d}-{slug} instead"
                     )
                 report.append(f"pr-stack/{index:04d}-{slug}: {base.tag} + patches 1..{index}")
+                depends_on = [] if picked.returncode == 0 else [f"{i:04d} {s}" for i, s in enumerate(subjects, 1)]
+                message = git(src, "log", "-1", "--format=%B", commit).stdout
+                path = descriptions / f"{index:04d}-{slug}.md"
+                path.write_text(pr_description(message, base=base.version, depends_on=depends_on))
+                report.append(f"  description: {path}")
+                subjects.append(subject)
         finally:
             git(src, "worktree", "remove", "--force", str(scratch), check=False)
     return report

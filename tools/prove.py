@@ -8,8 +8,8 @@
 Trees are materialized from ``patches/`` into ``build/trees/`` (rebuilt when the series changes) and selected
 with ``PYTHONPATH``, which also reaches the workers that ``accelerate launch`` starts; the installed ``trl`` is
 never touched. The table runs each patch's own test files (those its diff adds or changes under ``tests/``)
-on the pristine base, where at least one must fail, and on base + the series up to that patch, where all must
-pass. ``--matrix`` also runs the distributed matrix (``tests/dist``) on both trees and lists the cells that flip.
+on the series before that patch (the pristine base for the first), where at least one must fail, and on the
+series up to that patch, where all must pass. ``--matrix`` also runs the distributed matrix (``tests/dist``) on both trees and lists the cells that flip.
 """
 
 from __future__ import annotations
@@ -118,6 +118,7 @@ def table(matrix: bool, extra: list[str]) -> int:
     base_tree = tree_for("base")
     rows, ok = [], True
     for index, name in enumerate(series, start=1):
+        before_tree = tree_for(str(index - 1))
         after_tree = tree_for(str(index))
         tests = forkbuild.patch_test_files(after_tree, names=[name])
         if not tests:
@@ -126,17 +127,17 @@ def table(matrix: bool, extra: list[str]) -> int:
             continue
         selection = [str(t) for t in tests] + ["-m", "not gpu", *extra]
         stem = name.removesuffix(".patch")
-        before = measure(base_tree, selection, LOGS / f"{stem}.base.log", expect_failures=True)
+        before = measure(before_tree, selection, LOGS / f"{stem}.base.log", expect_failures=True)
         after = measure(after_tree, selection, LOGS / f"{stem}.patched.log")
         before_fails = before.counts.get("failed", 0) + before.counts.get("error", 0) > 0
         after_passes = after.counts.get("passed", 0) > 0 and set(after.counts) <= {"passed", "skipped"}
         verdict = "OK" if before_fails and after_passes else "NOT PROVEN"
         ok &= verdict == "OK"
         rows.append((name, str(len(after.cells)), before.summary(), after.summary(), verdict))
-        print(f"[prove] {name}: base {before.summary()} | fork {after.summary()} -> {verdict}", flush=True)
+        print(f"[prove] {name}: before {before.summary()} | with {after.summary()} -> {verdict}", flush=True)
 
     widths = [max(len(row[i]) for row in rows + [HEADER]) for i in range(5)] if rows else [10] * 5
-    print("\nRegression tests of each patch: pristine base vs base + series up to the patch")
+    print("\nRegression tests of each patch: the series before it vs the series up to it")
     for row in [HEADER, tuple("-" * w for w in widths), *rows]:
         print("  ".join(cell.ljust(width) for cell, width in zip(row, widths)))
 
@@ -157,7 +158,7 @@ def table(matrix: bool, extra: list[str]) -> int:
     return 0 if ok else 1
 
 
-HEADER = ("patch", "tests", "pristine base", "with the patch", "verdict")
+HEADER = ("patch", "tests", "before the patch", "with the patch", "verdict")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -188,7 +188,18 @@ def test_export_refuses_uncommitted_changes(tmp_path, patches_copy):
 
 def test_pr_branches(tmp_path):
     tree = forkbuild.materialize(tmp_path / "tree")
-    report = forkbuild.pr_branches(tree)
+    report = forkbuild.pr_branches(tree, descriptions=tmp_path / "pr")
+    descriptions = sorted((tmp_path / "pr").glob("*.md"))
+    assert len(descriptions) == len(SERIES)
+    for index, (path, patch) in enumerate(zip(descriptions, SERIES), start=1):
+        text = path.read_text()
+        assert path.name.startswith(f"{index:04d}-") and f"  description: {path}" in report
+        sections = re.findall(r"^## (.+)$", text, flags=re.M)
+        assert sections == ["Motivation", "What changed", "Tests", "Upstream status"], (path.name, sections)
+        subject, _, trailers = forkbuild.split_message(
+            forkbuild.git(tree, "log", "-1", "--format=%B", f"pr-stack/{path.stem}").stdout
+        )
+        assert text.startswith(f"# {subject}\n") and trailers["Upstream-Status"] in text
     branches = forkbuild.git(tree, "branch", "--format=%(refname:short)").stdout.split()
     for index in range(1, len(SERIES) + 1):
         stack = [b for b in branches if b.startswith(f"pr-stack/{index:04d}-")]
@@ -201,6 +212,46 @@ def test_pr_branches(tmp_path):
         else:
             assert any(line.startswith(f"pr/{index:04d}-") and "needs earlier patches" in line for line in report)
     assert forkbuild.git(tree, "worktree", "list").stdout.count("\n") == 1, "scratch worktree left behind"
+
+
+def test_pr_description_sections():
+    message = """core: fix a thing
+
+What it does and why.
+
+Default paths: unchanged.
+
+Failure fixed: it crashed with
+  ValueError: boom
+
+Tests: tests/test_thing.py
+- ThingTester: fails on the base.
+
+Bug-Fork: #9
+Forwarded: no
+Upstream-Status: not upstream as of trl 1.16.0 (upstream does
+ something else)
+Last-Update: 2026-11-23
+"""
+    subject, paragraphs, trailers = forkbuild.split_message(message)
+    assert subject == "core: fix a thing" and len(paragraphs) == 4
+    assert trailers["Upstream-Status"] == "not upstream as of trl 1.16.0 (upstream does something else)"
+    text = forkbuild.pr_description(message, base="0.16.1", depends_on=["0001 fork: x"])
+    assert "## Motivation\n\nit crashed with\n  ValueError: boom\n" in text
+    assert "## What changed\n\nWhat it does and why.\n\nDefault paths: unchanged.\n" in text
+    assert "## Tests\n\ntests/test_thing.py\n- ThingTester: fails on the base.\n" in text
+    assert "## Upstream status\n\nnot upstream as of trl 1.16.0 (upstream does something else)\n" in text
+    assert "0001 fork: x" in text
+    with pytest.raises(forkbuild.BuildError, match="no Upstream-Status"):
+        forkbuild.pr_description(message.replace("Upstream-Status", "X-Note"), base="0.16.1")
+
+
+def test_every_patch_states_its_upstream_status():
+    for name in SERIES:
+        _, _, trailers = forkbuild.split_message((forkbuild.PATCHES_DIR / name).read_text().split("\n---\n")[0])
+        assert trailers.get("Upstream-Status", "").startswith(
+            ("fixed in trl", "not upstream as of trl", "not applicable")
+        ), name
 
 
 def test_git_tracks_no_upstream_source():
