@@ -299,11 +299,29 @@ def _pump(stream, log, echo):
             sys.stdout.flush()
 
 
+GLOO_ABORT = "terminate called without an active exception"
+
+
 def run_command(cmd, *, env, workdir, backend="-", timeout=DEFAULT_TIMEOUT, cwd=None, echo=None):
     """Run ``cmd`` in a new session with a hard timeout; collect output and the workers' tracebacks.
 
     ``echo``: optional ``line -> bool``; matching output lines are also printed live (the demo uses it).
+
+    A worker of a gloo job on a loaded CPU was seen, rarely, to abort from C++ ("terminate called without an active
+    exception", SIGABRT), once after training had finished: a launch that failed that way, with no Python traceback
+    from a worker and no timeout, is run once more. Any other failure is returned as it is.
     """
+    result = _run_command_once(cmd, env=env, workdir=workdir, backend=backend, timeout=timeout, cwd=cwd, echo=echo)
+    worker_errors = [name for name in result.tracebacks if "rankmain" not in name]
+    if result.ok or result.timed_out or worker_errors or GLOO_ABORT not in result.output:
+        return result
+    print(f"[trl-harness] {backend}: a worker aborted in gloo ({GLOO_ABORT!r}); launching once more", file=sys.stderr)
+    for f in result.error_dir.glob("*.txt"):
+        f.unlink()
+    return _run_command_once(cmd, env=env, workdir=workdir, backend=backend, timeout=timeout, cwd=cwd, echo=echo)
+
+
+def _run_command_once(cmd, *, env, workdir, backend, timeout, cwd, echo):
     workdir = Path(workdir)
     workdir.mkdir(parents=True, exist_ok=True)
     error_dir = Path(env.get("TRL_HARNESS_ERROR_DIR") or workdir / "errors")
