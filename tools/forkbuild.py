@@ -425,12 +425,12 @@ def pr_description(message: str, *, base: str, depends_on: list[str] = ()) -> st
     what changed, tests and upstream status."""
     subject, paragraphs, trailers = split_message(message)
     sections = {"Motivation": [], "What changed": [], "Tests": []}
-    current = "What changed"
-    for paragraph in paragraphs:
-        for prefix, section in (("Failure fixed:", "Motivation"), ("Tests:", "Tests")):
+    for paragraph in paragraphs:  # "Failure fixed:" and "Tests:" paragraphs to their sections, the others as they come
+        section = "What changed"
+        for prefix, name in (("Failure fixed:", "Motivation"), ("Tests:", "Tests")):
             if paragraph.startswith(prefix):
-                current, paragraph = section, paragraph[len(prefix) :].strip()
-        sections[current].append(paragraph)
+                section, paragraph = name, paragraph[len(prefix) :].strip()
+        sections[section].append(paragraph)
     status = trailers.get("Upstream-Status")
     if not status:
         raise BuildError(f"{subject!r}: the header has no Upstream-Status trailer")
@@ -439,9 +439,7 @@ def pr_description(message: str, *, base: str, depends_on: list[str] = ()) -> st
         lines += [f"## {title}", "", "\n\n".join(body) or "(not stated in the patch header)", ""]
     lines += ["## Upstream status", "", status, "", f"Written against trl {base}."]
     if depends_on:
-        lines.append(
-            f"Stacked on the fork's earlier patches (it does not apply to trl {base} alone): " + "; ".join(depends_on)
-        )
+        lines.append(f"Does not apply to trl {base} alone; stacked on: " + "; ".join(depends_on))
     return "\n".join(lines) + "\n"
 
 
@@ -454,7 +452,7 @@ def pr_branches(
     commits = git(src, "rev-list", "--reverse", f"{base.tag}..HEAD").stdout.split()
     report = []
     descriptions.mkdir(parents=True, exist_ok=True)
-    subjects = []
+    earlier = []  # (number and subject, files) of the patches before this one
     with tempfile.TemporaryDirectory(prefix="trl-fork-pr-") as tmp:
         scratch = Path(tmp) / "wt"
         git(src, "worktree", "add", "--quiet", "--detach", str(scratch), base.tag)
@@ -481,12 +479,14 @@ def pr_branches(
                         f"submit pr-stack/{index:04d}-{slug} instead"
                     )
                 report.append(f"pr-stack/{index:04d}-{slug}: {base.tag} + patches 1..{index}")
-                depends_on = [] if picked.returncode == 0 else [f"{i:04d} {s}" for i, s in enumerate(subjects, 1)]
+                files = set(git(src, "show", "--format=", "--name-only", commit).stdout.split())
+                # When it does not apply alone: the earlier patches that change the same files
+                depends_on = [] if picked.returncode == 0 else [name for name, other in earlier if other & files]
                 message = git(src, "log", "-1", "--format=%B", commit).stdout
                 path = descriptions / f"{index:04d}-{slug}.md"
                 path.write_text(pr_description(message, base=base.version, depends_on=depends_on))
                 report.append(f"  description: {path}")
-                subjects.append(subject)
+                earlier.append((f"{index:04d} {subject}", files))
         finally:
             git(src, "worktree", "remove", "--force", str(scratch), check=False)
     return report
@@ -536,13 +536,34 @@ def upstream_metadata(tree: Path) -> dict:
 
 def patch_test_files(tree: Path, patches_dir: Path = PATCHES_DIR, names: list[str] | None = None) -> list[Path]:
     """Test files (``tests/test_*.py``) that the patches add or change, as paths inside ``tree``."""
-    files = []
+    paths = {}
     for name in read_series(patches_dir) if names is None else names:
-        for match in re.finditer(r"^\+\+\+ b/(tests/\S*test_\S+\.py)$", (patches_dir / name).read_text(), re.M):
-            path = tree / match.group(1)
-            if path not in files:
-                files.append(path)
-    return files
+        paths.update(dict.fromkeys(patch_test_names(patches_dir / name)))
+    return [tree / path for path in paths]
+
+
+def patch_test_names(patch_file: Path) -> dict[str, list[str]]:
+    """For each test file a patch adds or changes, the test classes and test methods the patch adds to it (by name;
+    an empty list when it adds none, for example when it only changes helpers)."""
+    names: dict[str, list[str]] = {}
+    current = None
+    for line in patch_file.read_text().splitlines():
+        if line.startswith("+++ "):
+            match = re.match(r"^\+\+\+ b/(tests/\S*test_\S+\.py)$", line)
+            current = match.group(1) if match else None
+            if current is not None:
+                names.setdefault(current, [])
+            continue
+        if current is None:
+            continue
+        match = re.match(r"^\+(?:class (\w+)\(|\s+def (test_\w+)\()", line)
+        if match:
+            name = match.group(1) or match.group(2)
+            if match.group(1) and not re.search(r"Test(er|s)?$", name):
+                continue  # a helper class, not a test class
+            if name not in names[current]:
+                names[current].append(name)
+    return names
 
 
 def tracked_upstream_files(repo: Path = ROOT, patches_dir: Path = PATCHES_DIR) -> list[str]:

@@ -7,9 +7,12 @@
 
 Trees are materialized from ``patches/`` into ``build/trees/`` (rebuilt when the series changes) and selected
 with ``PYTHONPATH``, which also reaches the workers that ``accelerate launch`` starts; the installed ``trl`` is
-never touched. The table runs each patch's own test files (those its diff adds or changes under ``tests/``)
-on the series before that patch (the pristine base for the first), where at least one must fail, and on the
-series up to that patch, where all must pass. ``--matrix`` also runs the distributed matrix (``tests/dist``) on both trees and lists the cells that flip.
+never touched. The table runs each patch's own tests (the test classes and methods its diff adds under ``tests/``;
+every test of a file it changes without adding tests to it) on the series before that patch (the pristine base
+for the first), where at least one must fail (that run stops at the first failure), and on the series up to that
+patch, where all must pass.
+``--matrix`` also runs the distributed matrix (``tests/dist``) on the pristine base and on the whole series and
+lists the cells that flip.
 """
 
 from __future__ import annotations
@@ -99,8 +102,8 @@ def outcome_from_junit(path: Path, seconds: float) -> Outcome:
 
 
 def measure(tree: Path, args: list[str], log: Path, expect_failures: bool = False) -> Outcome:
-    """Runs a selection with its output in ``log`` (CI logs stay small: the base alone fails hundreds of tests).
-    A run that should pass and does not prints the tail of its log (``expect_failures``: the pristine base, never)."""
+    """Runs a selection with its output in ``log`` (CI logs stay small: runs before a patch fail on purpose).
+    A run that should pass and does not prints the tail of its log (``expect_failures``: never)."""
     with tempfile.TemporaryDirectory(prefix="trl-prove-") as tmp:
         junit = Path(tmp) / "junit.xml"
         start = time.monotonic()
@@ -120,14 +123,17 @@ def table(matrix: bool, extra: list[str]) -> int:
     for index, name in enumerate(series, start=1):
         before_tree = tree_for(str(index - 1))
         after_tree = tree_for(str(index))
-        tests = forkbuild.patch_test_files(after_tree, names=[name])
+        tests = forkbuild.patch_test_names(forkbuild.PATCHES_DIR / name)
         if not tests:
             rows.append((name, "-", "no tests in patch", "-", "MISSING TESTS"))
             ok = False
             continue
-        selection = [str(t) for t in tests] + ["-m", "not gpu", *extra]
+        selection = [str(after_tree / path) for path in tests] + ["-m", "not gpu", *extra]
+        if all(tests.values()):  # the tests the patch adds, where it adds some to every file it touches
+            selection += ["-k", " or ".join(name for names in tests.values() for name in names)]
         stem = name.removesuffix(".patch")
-        before = measure(before_tree, selection, LOGS / f"{stem}.base.log", expect_failures=True)
+        # One failure is the proof: the run before the patch stops at the first one (`--maxfail=1`)
+        before = measure(before_tree, [*selection, "--maxfail=1"], LOGS / f"{stem}.before.log", expect_failures=True)
         after = measure(after_tree, selection, LOGS / f"{stem}.patched.log")
         before_fails = before.counts.get("failed", 0) + before.counts.get("error", 0) > 0
         after_passes = after.counts.get("passed", 0) > 0 and set(after.counts) <= {"passed", "skipped"}
@@ -158,7 +164,7 @@ def table(matrix: bool, extra: list[str]) -> int:
     return 0 if ok else 1
 
 
-HEADER = ("patch", "tests", "before the patch", "with the patch", "verdict")
+HEADER = ("patch", "tests", "before the patch (to the 1st failure)", "with the patch", "verdict")
 
 
 def main(argv: list[str] | None = None) -> int:

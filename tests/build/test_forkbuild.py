@@ -191,7 +191,7 @@ def test_pr_branches(tmp_path):
     report = forkbuild.pr_branches(tree, descriptions=tmp_path / "pr")
     descriptions = sorted((tmp_path / "pr").glob("*.md"))
     assert len(descriptions) == len(SERIES)
-    for index, (path, patch) in enumerate(zip(descriptions, SERIES), start=1):
+    for index, path in enumerate(descriptions, start=1):
         text = path.read_text()
         assert path.name.startswith(f"{index:04d}-") and f"  description: {path}" in report
         sections = re.findall(r"^## (.+)$", text, flags=re.M)
@@ -227,6 +227,8 @@ Failure fixed: it crashed with
 Tests: tests/test_thing.py
 - ThingTester: fails on the base.
 
+Audit: every other caller checked.
+
 Bug-Fork: #9
 Forwarded: no
 Upstream-Status: not upstream as of trl 1.16.0 (upstream does
@@ -234,12 +236,14 @@ Upstream-Status: not upstream as of trl 1.16.0 (upstream does
 Last-Update: 2026-11-23
 """
     subject, paragraphs, trailers = forkbuild.split_message(message)
-    assert subject == "core: fix a thing" and len(paragraphs) == 4
+    assert subject == "core: fix a thing" and len(paragraphs) == 5
     assert trailers["Upstream-Status"] == "not upstream as of trl 1.16.0 (upstream does something else)"
     text = forkbuild.pr_description(message, base="0.16.1", depends_on=["0001 fork: x"])
     assert "## Motivation\n\nit crashed with\n  ValueError: boom\n" in text
     assert "## What changed\n\nWhat it does and why.\n\nDefault paths: unchanged.\n" in text
-    assert "## Tests\n\ntests/test_thing.py\n- ThingTester: fails on the base.\n" in text
+    assert "## Tests\n\ntests/test_thing.py\n- ThingTester: fails on the base.\n\n## Upstream" in text
+    # a paragraph after "Tests:" (an audit, say) is part of what changed, not of the tests
+    assert "Default paths: unchanged.\n\nAudit: every other caller checked.\n\n## Tests" in text
     assert "## Upstream status\n\nnot upstream as of trl 1.16.0 (upstream does something else)\n" in text
     assert "0001 fork: x" in text
     with pytest.raises(forkbuild.BuildError, match="no Upstream-Status"):
@@ -342,3 +346,17 @@ def test_pip_install_git_url_in_a_fresh_venv(clone, tmp_path):
     versions = json.loads(run([*pip[:-2], "list", "--format=json"], check=True).stdout)
     installed = {p["name"].lower(): p["version"] for p in versions}
     assert installed["transformers"].startswith("4.")  # the tested bound kept transformers 5.x out
+
+
+def test_every_patch_is_one_reviewable_pr():
+    """At most about 400 added lines outside tests/ and 8 files per patch (CONTRIBUTING.md, "Patches are PRs")."""
+    for name in SERIES:
+        text = (forkbuild.PATCHES_DIR / name).read_text()
+        files = re.findall(r"^diff --git a/(\S+) ", text, flags=re.M)
+        added, current = 0, None
+        for line in text.splitlines():
+            if line.startswith("diff --git "):
+                current = line.split()[2]
+            elif line.startswith("+") and not line.startswith("+++") and not current.startswith("a/tests/"):
+                added += 1
+        assert len(files) <= 8 and added <= 420, f"{name}: {added} added non-test lines, {len(files)} files"
