@@ -21,6 +21,7 @@ import subprocess
 import sys
 import threading
 import time
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -315,7 +316,12 @@ def run_command(cmd, *, env, workdir, backend="-", timeout=DEFAULT_TIMEOUT, cwd=
     worker_errors = [name for name in result.tracebacks if "rankmain" not in name]
     if result.ok or result.timed_out or worker_errors or GLOO_ABORT not in result.output:
         return result
-    print(f"[trl-harness] {backend}: a worker aborted in gloo ({GLOO_ABORT!r}); launching once more", file=sys.stderr)
+    aborted_log = result.log_path.with_name("launch.aborted.log")
+    result.log_path.replace(aborted_log)  # kept for a look; the second run writes launch.log
+    # A warning, so that pytest's summary shows every launch that needed a second run
+    warnings.warn(
+        f"{backend}: a worker aborted ({GLOO_ABORT!r}, log: {aborted_log}); launched once more", stacklevel=2
+    )
     for f in result.error_dir.glob("*.txt"):
         f.unlink()
     return _run_command_once(cmd, env=env, workdir=workdir, backend=backend, timeout=timeout, cwd=cwd, echo=echo)

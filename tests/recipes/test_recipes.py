@@ -186,19 +186,24 @@ def render_report(rows):
         "Written by `make recipes-gpu` (`tests/recipes/test_recipes.py::test_recipe_trains_on_gpu`): every recipe of",
         "`examples/recipes/` as a user runs it (bf16 and the recipe's own settings), with the test fixtures' models",
         "unless `RECIPES_GPU_MODEL` / `RECIPES_GPU_REWARD_MODEL` name others, the small batch and lengths of the CPU",
-        f"test and `--max_steps {GPU_STEPS}`. Seconds per step: median over the steps after the first, all ranks.",
-        "Peak memory: the largest `torch.cuda.max_memory_allocated()` (reserved in brackets) of any rank.",
+        f"test and {GPU_STEPS} steps. Seconds per step: median over the steps after the first, all ranks, logging",
+        "included (for PPO and RLOO a step is one rollout batch and its updates). Peak GPU memory: the largest",
+        "`torch.cuda.max_memory_allocated()` (reserved in brackets) of any rank, PyTorch's allocator only (the CUDA",
+        "context and NCCL buffers come on top). Peak RSS: the largest resident memory of any rank.",
         "",
         f"Torch {torch.__version__}, {', '.join(sorted(gpus))}.",
         "",
-        "| case | processes | model | s/step | peak allocated MiB (reserved) | wall s |",
-        "| --- | --- | --- | --- | --- | --- |",
+        "| case | processes | model | s/step | peak GPU MiB allocated (reserved) | peak RSS MiB | wall s |",
+        "| --- | --- | --- | --- | --- | --- | --- |",
     ]
     for row in rows:
+        if row.get("failed"):
+            lines.append(f"| {row['case']} | {row['processes']} | {row['model']} | FAILED (see pytest) | | | |")
+            continue
         peak = f"{number(row['cuda_max_allocated_mib'], '.0f')} ({number(row['cuda_max_reserved_mib'], '.0f')})"
         lines.append(
             f"| {row['case']} | {row['processes']} | {row['model']} | {number(row['s_per_step'], '.3f')} | {peak} "
-            f"| {row['wall_s']:.0f} |"
+            f"| {row['max_rss_mib']:.0f} | {row['wall_s']:.0f} |"
         )
     return "\n".join(lines) + "\n"
 
@@ -219,10 +224,19 @@ def test_recipe_trains_on_gpu(fixtures, tmp_path, gpu_report, case, recipe, back
     fixtures["reward"] = os.environ.get("RECIPES_GPU_REWARD_MODEL", fixtures["reward"])
     # Where each frozen model lives (on cuda:N); the share it holds depends on the number of GPUs
     roles = [rf"{pattern.split(':')[0]}: .* on cuda:\d+, this rank holds" for pattern in expected]
-    row = run_recipe(fixtures, tmp_path, recipe, backend, extra_env, [*cpu_args, *GPU_SHARED], roles,
-                     device="cuda", num_processes=num_processes)  # fmt: skip
-    assert row["steps"] == GPU_STEPS and row["cuda_max_allocated_mib"] > 0, row
-    gpu_report.append(dict(row, case=case, processes=num_processes, model=Path(fixtures["policy"]).name))
+    args = [*cpu_args, *GPU_SHARED]
+    if extra_env.get("TRAINER") in ("rloo", "ppo"):
+        # Their loops run total_episodes / (processes x per-device batch) batches and ignore --max_steps
+        args += ["--total_episodes", str(GPU_STEPS * 2 * num_processes)]
+    label = dict(case=case, processes=num_processes, model=Path(fixtures["policy"]).name)
+    try:
+        row = run_recipe(fixtures, tmp_path, recipe, backend, extra_env, args, roles, device="cuda",
+                         num_processes=num_processes)  # fmt: skip
+        assert row["steps"] == GPU_STEPS and row["cuda_max_allocated_mib"] > 0, row
+    except BaseException:
+        gpu_report.append(dict(label, failed=True))
+        raise
+    gpu_report.append(dict(row, **label))
 
 
 def _dry_run(recipe, env):
@@ -300,6 +314,9 @@ def test_report_from_measurements(tmp_path):
     assert row["cuda_max_allocated_mib"] == 1200.0 and row["cuda_max_reserved_mib"] == 1600.0
     assert row["max_rss_mib"] == 950.0
     table = render_report([dict(row, case="grpo-fsdp2", processes=2, model="policy")])
-    assert "| grpo-fsdp2 | 2 | policy | 0.500 | 1200 (1600) | 42 |" in table
+    assert "| grpo-fsdp2 | 2 | policy | 0.500 | 1200 (1600) | 950 | 42 |" in table
+    assert "| ppo-fsdp2 | 2 | policy | FAILED (see pytest) |" in render_report(
+        [dict(case="ppo-fsdp2", processes=2, model="policy", failed=True)]
+    )
     one_step = summarize([dict(records[0], step_ends=[3.0], cuda_max_allocated_mib=None)], wall=5.0)
     assert one_step["s_per_step"] is None and one_step["cuda_max_allocated_mib"] is None
