@@ -64,9 +64,12 @@ FSDP2_REASON = (
 )
 # The patches' tests that run an FSDP2 forward (regexes searched in the node id). Each must match a test.
 FSDP2_FORWARD_TESTS = (
-    r"test_frozen_models\.py::PrepareFrozenModelTester::test_fsdp_1$",  # fsdp_version=2
+    *(  # fsdp_version=2
+        rf"test_frozen_models\.py::PrepareFrozenModelTester::{name}_1$"
+        for name in ("test_fsdp", "test_grpo_fsdp", "test_dpo_kto_bco_gkd_fsdp", "test_get_reward_fsdp")
+    ),
+    r"test_frozen_models\.py::PrepareFrozenModelTester::test_online_dpo_ppo_rloo_fsdp_1$",  # fsdp_version=2
     r"test_frozen_models\.py::PrepareFrozenModelTester::test_sync_ref_model_fsdp_2$",  # (2, False)
-    r"test_frozen_models\.py::PrepareFrozenModelTester::test_trainers_fsdp_1$",  # fsdp_version=2
     r"test_unwrap_for_generation\.py::FSDP2GenerationTester::",
 )
 
