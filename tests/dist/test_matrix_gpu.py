@@ -10,21 +10,13 @@ Expectations: ``harness/expectations.py`` (``gpu_expected``; derived, not yet me
 
 import pytest
 from harness.expectations import gpu_expected
+from harness.launcher import gpu_count
 from harness.marks import marks_for
 from harness.matrix import BACKEND_NAMES, CHECK_FUNCTIONS, CHECKS, TRAINERS
 
 
-def _gpu_count():
-    try:
-        import torch
-
-        return torch.cuda.device_count() if torch.cuda.is_available() else 0
-    except ImportError:
-        return 0
-
-
 def _params():
-    expected = gpu_expected(max(1, min(2, _gpu_count())))
+    expected = gpu_expected(max(1, min(2, gpu_count())))
     for backend in BACKEND_NAMES:
         for trainer in TRAINERS:
             for check in CHECKS:
@@ -37,7 +29,7 @@ def _params():
 @pytest.mark.slow
 @pytest.mark.parametrize("trainer,backend,check", list(_params()))
 def test_matrix_gpu(trainer, backend, check, matrix_runner):
-    n_gpus = _gpu_count()
+    n_gpus = gpu_count()
     if n_gpus == 0:
         pytest.skip("needs a CUDA GPU")
     num_processes = min(2, n_gpus)  # one rank per GPU (NCCL refuses two ranks on one device)

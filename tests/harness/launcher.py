@@ -69,6 +69,16 @@ def free_port():
         return s.getsockname()[1]
 
 
+def gpu_count():
+    """CUDA devices visible to torch in this process (0 without CUDA or without torch)."""
+    try:
+        import torch
+
+        return torch.cuda.device_count() if torch.cuda.is_available() else 0
+    except ImportError:
+        return 0
+
+
 def derive_config(backend, dest_dir, *, device="cpu", num_processes=2, port=None):
     """Write the config accelerate should use for ``backend`` into ``dest_dir`` and return its path.
 

@@ -21,7 +21,7 @@ from unittest import mock
 
 import pytest
 from harness.fixtures import build_fixtures, on_policy_kwargs
-from harness.launcher import REPO_ROOT, derive_config, harness_env, run_command
+from harness.launcher import REPO_ROOT, derive_config, gpu_count, harness_env, run_command
 
 
 RECIPES = REPO_ROOT / "examples" / "recipes"
@@ -157,12 +157,6 @@ def test_recipe_trains_on_cpu(fixtures, tmp_path, recipe, backend, extra_env, cp
     assert row["steps"] == 1 and row["max_rss_mib"] > 0 and row["cuda_max_allocated_mib"] is None, row
 
 
-def _gpu_count():
-    import torch
-
-    return torch.cuda.device_count() if torch.cuda.is_available() else 0
-
-
 @pytest.fixture(scope="module")
 def gpu_report():
     """Rows of the GPU runs; written as a markdown table to ``$RECIPES_REPORT`` (``make recipes-gpu``) at the end."""
@@ -179,7 +173,7 @@ def render_report(rows):
     def number(value, fmt):
         return "n/a" if value is None else format(value, fmt)
 
-    gpus = {torch.cuda.get_device_name(i) for i in range(_gpu_count())} or {"no GPU"}
+    gpus = {torch.cuda.get_device_name(i) for i in range(gpu_count())} or {"no GPU"}
     lines = [
         "# Recipes on GPUs: time per step and peak memory",
         "",
@@ -218,7 +212,7 @@ GPU_SHARED = ["--max_steps", str(GPU_STEPS), "--logging_steps", "1", "--save_str
 @pytest.mark.parametrize("case, recipe, backend, extra_env, cpu_args, expected", CASES, ids=[c[0] for c in CASES])
 def test_recipe_trains_on_gpu(fixtures, tmp_path, gpu_report, case, recipe, backend, extra_env, cpu_args, expected):
     """The CPU case on the GPUs (one process each, the recipe's bf16), measured for docs/ (``make recipes-gpu``)."""
-    num_processes = _gpu_count()
+    num_processes = gpu_count()
     fixtures = dict(fixtures)
     fixtures["policy"] = os.environ.get("RECIPES_GPU_MODEL", fixtures["policy"])
     fixtures["reward"] = os.environ.get("RECIPES_GPU_REWARD_MODEL", fixtures["reward"])
