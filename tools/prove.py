@@ -116,12 +116,12 @@ def measure(tree: Path, args: list[str], log: Path, expect_failures: bool = Fals
     return outcome
 
 
-def table(matrix: bool, extra: list[str]) -> int:
+def table(matrix: bool, extra: list[str], against_base: bool = False) -> int:
     series = forkbuild.read_series()
     base_tree = tree_for("base")
     rows, ok = [], True
     for index, name in enumerate(series, start=1):
-        before_tree = tree_for(str(index - 1))
+        before_tree = base_tree if against_base else tree_for(str(index - 1))
         after_tree = tree_for(str(index))
         tests = forkbuild.patch_test_names(forkbuild.PATCHES_DIR / name)
         if not tests:
@@ -143,7 +143,8 @@ def table(matrix: bool, extra: list[str]) -> int:
         print(f"[prove] {name}: before {before.summary()} | with {after.summary()} -> {verdict}", flush=True)
 
     widths = [max(len(row[i]) for row in rows + [HEADER]) for i in range(5)] if rows else [10] * 5
-    print("\nRegression tests of each patch: the series before it vs the series up to it")
+    before = "the pristine base" if against_base else "the series before it"
+    print(f"\nRegression tests of each patch: {before} vs the series up to it")
     for row in [HEADER, tuple("-" * w for w in widths), *rows]:
         print("  ".join(cell.ljust(width) for cell, width in zip(row, widths)))
 
@@ -173,15 +174,16 @@ def main(argv: list[str] | None = None) -> int:
     p = sub.add_parser("run", help="run pytest against one tree")
     p.add_argument("--tree", default="fork", help="base, fork, or a number of patches (default: fork)")
     p.add_argument("pytest_args", nargs=argparse.REMAINDER)
-    p = sub.add_parser("table", help="each patch's tests: base vs fork")
+    p = sub.add_parser("table", help="each patch's tests: the series before it vs with it")
     p.add_argument("--matrix", action="store_true", help="also run tests/dist on both trees and list flipped cells")
+    p.add_argument("--against-base", action="store_true", help="run each patch's tests on the pristine base instead")
     p.add_argument("pytest_args", nargs=argparse.REMAINDER)
     args = parser.parse_args(argv)
     extra = [a for a in args.pytest_args if a != "--"]
     try:
         if args.command == "run":
             return run_pytest(tree_for(args.tree), extra)
-        return table(args.matrix, extra)
+        return table(args.matrix, extra, against_base=args.against_base)
     except forkbuild.BuildError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
