@@ -35,7 +35,8 @@ TESTED_UPPER_BOUNDS = {
     "vllm": "<0.8.2",
 }
 # What the fork's own test suite needs on top of upstream's `test` extra.
-FORK_EXTRAS = {"test": ["pytest-timeout", "tokenizers"]}
+# fastapi, uvicorn and requests: the tests run `trl vllm-serve`'s app (with a stand-in engine) and its client.
+FORK_EXTRAS = {"test": ["pytest-timeout", "tokenizers", "fastapi", "uvicorn", "requests"]}
 
 
 def bounded(requirement: str) -> str:

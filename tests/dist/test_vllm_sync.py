@@ -81,6 +81,10 @@ class RecordingVLLMClient:
             report["problems"].append(f"received wrong values for {name}")
         self.current.append(name)
 
+    def update_named_params(self, params):  # one request per bucket (the fork's batched protocol)
+        for name, weights in params:
+            self.update_named_param(name, weights)
+
     def reset_prefix_cache(self):  # GRPO calls it at the end of every sync
         report = type(self).report
         expected = set(type(self).expected)
