@@ -112,6 +112,15 @@ def test_the_fork_only_adds_its_documented_options(options):
         "--disable-unwrapping-for-generation",
         "--vllm_sync_bucket_size_mb",
         "--vllm-sync-bucket-size-mb",
+        # GRPO's requests to `trl vllm-serve` and the server's checks (patches 0024-0025)
+        "--vllm_server_request_timeout",
+        "--vllm-server-request-timeout",
+        "--vllm_server_verify_weights",
+        "--vllm-server-verify-weights",
+        "--check_weights",
+        "--check-weights",
+        "--no_check_weights",
+        "--no-check-weights",
     }
     assert added <= expected, sorted(added - expected)
     assert "--no_ds3_gather_for_generation" in fork["GRPOConfig"]
