@@ -1,10 +1,16 @@
-"""What the benchmark scripts share: the size options and builder of their randomly initialised Qwen2 model, and a
-free port for their process groups. Imported by the scripts (their directory is on ``sys.path`` when they run,
-and the workers they spawn inherit it)."""
+"""What the benchmark scripts share: the size options and builder of their randomly initialised Qwen2 model, a
+free port for their process groups, and the measurement of a process's peak extra resident memory. Imported by the
+scripts (their directory is on ``sys.path`` when they run, and the workers they spawn inherit it)."""
 
+import contextlib
 import os
+import re
 import socket
 import sys
+from types import SimpleNamespace
+
+
+MIB = 1 << 20
 
 
 def add_model_args(parser, *, vocab=32000):
@@ -15,12 +21,11 @@ def add_model_args(parser, *, vocab=32000):
     parser.add_argument("--vocab", type=int, default=vocab)
 
 
-def build_qwen2(options):
-    """A randomly initialised Qwen2ForCausalLM (seed 0, untied head) of the size in ``options``."""
-    import torch
-    from transformers import Qwen2Config, Qwen2ForCausalLM
+def qwen2_config(options):
+    """The Qwen2Config (untied head) of the size in ``options``."""
+    from transformers import Qwen2Config
 
-    config = Qwen2Config(
+    return Qwen2Config(
         vocab_size=options["vocab"],
         hidden_size=options["hidden"],
         intermediate_size=options["intermediate"],
@@ -29,6 +34,14 @@ def build_qwen2(options):
         num_key_value_heads=4,
         tie_word_embeddings=False,
     )
+
+
+def build_qwen2(options):
+    """A randomly initialised Qwen2ForCausalLM (seed 0, untied head) of the size in ``options``."""
+    import torch
+    from transformers import Qwen2ForCausalLM
+
+    config = qwen2_config(options)
     torch.manual_seed(0)
     return Qwen2ForCausalLM(config)
 
@@ -49,6 +62,36 @@ def set_rank_env(rank, world_size, port):
         WORLD_SIZE=str(world_size),
         LOCAL_WORLD_SIZE=str(world_size),
     )
+
+
+def mmap_large_blocks():
+    """Tells glibc to ``mmap`` every block of 64 KiB or more, so that a freed buffer leaves the resident set at once
+    and the resident size follows the live tensors. Call it before starting the processes to measure: glibc reads
+    ``MALLOC_MMAP_THRESHOLD_`` once, at start-up."""
+    os.environ.setdefault("MALLOC_MMAP_THRESHOLD_", str(64 * 1024))
+
+
+def status_kib(field):
+    """A field of ``/proc/self/status`` in KiB (``VmRSS``, ``VmHWM``)."""
+    with open("/proc/self/status") as f:
+        return int(re.search(rf"^{field}:\s+(\d+) kB", f.read(), re.M).group(1))
+
+
+def reset_peak():
+    """Resets this process's peak resident size (``VmHWM``) to its current resident size."""
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")
+
+
+@contextlib.contextmanager
+def peak_extra():
+    """Measures the peak resident memory of this process inside the block on top of its resident memory when the
+    block starts; yields a namespace whose ``bytes`` is set when the block ends."""
+    result = SimpleNamespace(bytes=None)
+    before = status_kib("VmRSS")
+    reset_peak()
+    yield result
+    result.bytes = (status_kib("VmHWM") - before) * 1024
 
 
 def deepspeed_on_cpu():

@@ -42,13 +42,21 @@ import argparse
 import gc
 import json
 import os
-import re
 import statistics
 import sys
 import tempfile
 import time
 
-from _common import add_model_args, build_qwen2, deepspeed_on_cpu, free_port, set_rank_env
+from _common import (
+    MIB,
+    add_model_args,
+    build_qwen2,
+    deepspeed_on_cpu,
+    free_port,
+    mmap_large_blocks,
+    peak_extra,
+    set_rank_env,
+)
 
 
 BACKENDS = ("fsdp1", "fsdp2", "zero3")
@@ -69,18 +77,6 @@ def parse_args(argv=None):
 
 # ----------------------------------------------------------------------------------------------- measurement
 
-MIB = 1 << 20
-
-
-def _status_kib(field):
-    with open("/proc/self/status") as f:
-        return int(re.search(rf"^{field}:\s+(\d+) kB", f.read(), re.M).group(1))
-
-
-def _reset_peak():
-    with open("/proc/self/clear_refs", "w") as f:
-        f.write("5")  # resets VmHWM to the current resident size
-
 
 def _peak_extra(fn):
     """Runs ``fn`` on every rank together; returns (wall time of the slowest rank, this rank's peak extra bytes)."""
@@ -88,13 +84,11 @@ def _peak_extra(fn):
 
     gc.collect()
     dist.barrier()
-    before = _status_kib("VmRSS")
-    _reset_peak()
-    start = time.perf_counter()
-    fn()
-    peak = _status_kib("VmHWM")
+    with peak_extra() as peak:
+        start = time.perf_counter()
+        fn()
     dist.barrier()
-    return time.perf_counter() - start, (peak - before) * 1024
+    return time.perf_counter() - start, peak.bytes
 
 
 def _collectives(fn):
@@ -385,7 +379,7 @@ def main(argv=None):
     args = parse_args(argv)
     # Every block of 64 KiB or more gets its own mapping, returned to the system when freed: the resident size then
     # follows the live tensors (set before the workers start: glibc reads it once)
-    os.environ.setdefault("MALLOC_MMAP_THRESHOLD_", str(64 * 1024))
+    mmap_large_blocks()
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     import torch.multiprocessing as mp
 
