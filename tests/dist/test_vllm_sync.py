@@ -184,6 +184,26 @@ def _gathered_bytes_probe(backend, trainer, bound):
     return probe
 
 
+def _measure_while_copying(report):
+    """The fork sends one bucket per request once the bucket is released (patch 0023), so the client sees nothing
+    gathered: measure also while GRPO copies each streamed tensor into the bucket it sends (patch 0026's
+    ``FlatBucket``), when the bucket is gathered. On the base, the client's per-tensor probe is the measurement."""
+    import trl.extras.vllm_client as vllm_client
+
+    flat_bucket = getattr(vllm_client, "FlatBucket", None)
+    if flat_bucket is None:
+        return
+    append = flat_bucket.append
+    report["measured_while_copying"] = 0
+
+    def measuring_append(bucket, name, tensor):
+        report["max_gathered_bytes"] = max(report["max_gathered_bytes"], RecordingVLLMClient.probe())
+        report["measured_while_copying"] += 1
+        return append(bucket, name, tensor)
+
+    flat_bucket.append = measuring_append
+
+
 def _memory_bound(backend, reference, bucket_bytes):
     """Bytes the sync may hold gathered at once: the bucket (or the largest parameter, sent alone)."""
     total = sum(p.numel() * p.element_size() for p in reference.parameters())
@@ -287,6 +307,7 @@ def worker(argv=None):
     report["distributed_type"] = str(trainer.accelerator.distributed_type).split(".")[-1]
     _flush(report)
     RecordingVLLMClient.probe = _gathered_bytes_probe(a.backend, trainer, report["memory_bound"])
+    _measure_while_copying(report)
     trainer.train()
     report["stage"] = "trained"
     report["global_step"] = trainer.state.global_step
@@ -343,6 +364,9 @@ def test_vllm_weight_sync(backend, peft, tiny_fixtures_dir, tmp_path):
     )
     if len(syncs) != STEPS - 1 or len(set(syncs)) != 1:
         problems.append(f"expected {STEPS - 1} syncs of equal size, got messages per sync {syncs}")
+    copied = main.get("measured_while_copying")
+    if copied == 0 or (copied and backend == "fsdp1" and not main["max_gathered_bytes"]):
+        problems.append(f"the memory probe saw nothing while the sync copied {copied} tensors: it measures nothing")
     if main and main["max_gathered_bytes"] > main["memory_bound"]:
         problems.append(
             f"held {main['max_gathered_bytes']} bytes gathered at once while sending, more than the bound "
