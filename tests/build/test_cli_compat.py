@@ -112,7 +112,7 @@ def test_the_fork_only_adds_its_documented_options(options):
         "--disable-unwrapping-for-generation",
         "--vllm_sync_bucket_size_mb",
         "--vllm-sync-bucket-size-mb",
-        # GRPO's requests to `trl vllm-serve` and the server's checks (patches 0024-0025)
+        # GRPO's requests to `trl vllm-serve` and the server's checks (patches 0024, 0025, 0027)
         "--vllm_server_request_timeout",
         "--vllm-server-request-timeout",
         "--vllm_server_verify_weights",

@@ -186,7 +186,7 @@ def _gathered_bytes_probe(backend, trainer, bound):
 
 def _measure_while_copying(report):
     """The fork sends one bucket per request once the bucket is released (patch 0023), so the client sees nothing
-    gathered: measure also while GRPO copies each streamed tensor into the bucket it sends (patch 0026's
+    gathered: measure also while GRPO copies each streamed tensor into the bucket it sends (patch 0028's
     ``FlatBucket``), when the bucket is gathered. On the base, the client's per-tensor probe is the measurement."""
     import trl.extras.vllm_client as vllm_client
 
