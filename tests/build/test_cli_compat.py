@@ -121,6 +121,9 @@ def test_the_fork_only_adds_its_documented_options(options):
         "--check-weights",
         "--no_check_weights",
         "--no-check-weights",
+        # the memory budget of keep-sharded generation (patches 0031, 0032)
+        "--generation_gather_budget_mb",
+        "--generation-gather-budget-mb",
     }
     assert added <= expected, sorted(added - expected)
     assert "--no_ds3_gather_for_generation" in fork["GRPOConfig"]

@@ -2,7 +2,8 @@
 
 Every cell is one 2-rank CPU launch (``tests/harness/launcher.py``) of this very file as the worker. The worker
 builds one trainer (GRPO, Online DPO, RLOO, PPO or GKD) on the tiny fixtures with
-``disable_unwrapping_for_generation=True``, trains ``STEPS`` optimizer steps, then turns the setting off (the
+``disable_unwrapping_for_generation=True``, trains ``STEPS`` optimizer steps (the last of them with
+``generation_gather_budget_mb`` set to fit the first decoder layer, issue 17), then turns the setting off (the
 default mode, as if it had never been set) and trains ``STEPS`` more. While ``generate()`` runs, forward
 pre-hooks on each decoder layer's first projection (``self_attn.q_proj``, when that layer computes) and on the LM
 head record what the rank holds of the generating model:
@@ -10,7 +11,9 @@ head record what the rank holds of the generating model:
 - FSDP1 / FSDP2: the local number of elements of every parameter (1-D shard views with ``use_orig_params``,
   ``DTensor.to_local()``), in total and per decoder layer;
 - ZeRO-3: the elements of the parameters gathered at that moment (``param.numel()``; the partition
-  ``ds_tensor`` of each rank is not counted), against ``param.ds_numel``.
+  ``ds_tensor`` of each rank is not counted), against ``param.ds_numel``. ZeRO-3 runs with
+  ``stage3_max_live_parameters`` and ``stage3_max_reuse_distance`` at 0 (DeepSpeed releases each module's
+  parameters after its forward), the settings the docs advise for keep-sharded generation.
 
 Checks of a cell:
 
@@ -20,6 +23,8 @@ Checks of a cell:
 - ``disabled``: with unwrapping disabled, at each forward the decoder layers other than the running one stay
                 sharded (at most 1/N + 10 % of their elements on the rank; ZeRO-3: not gathered), and the rank
                 never holds the whole model.
+- ``budget``:   with the gather budget of one layer, the first layer is whole at every forward, the other one is
+                sharded when it does not run, and the rank does not hold the whole model when the head runs.
 
 On the pristine base every cell fails at config time (no such field); some cells also need other issues' fixes
 (marked with them).  Run:
@@ -100,14 +105,19 @@ class _GenerationProbe:
         for handle in self.handles:
             handle.remove()
 
-    def summary(self):
-        others = [f for running, _, fractions in self.calls for j, f in enumerate(fractions) if j != running]
+    def summary(self, kept=0):
+        """``kept``: the number of first layers the gather budget keeps gathered (left out of the other layers)."""
+        others = [
+            f for running, _, fractions in self.calls for j, f in enumerate(fractions) if j != running and j >= kept
+        ]
         return {
             "calls": len(self.calls),
             "full_numel": self.full_numel,
             "total_min": min((total for _, total, _ in self.calls), default=None),
             "total_max": max((total for _, total, _ in self.calls), default=None),
+            "head_total_max": max((total for running, total, _ in self.calls if running is None), default=None),
             "layer_fraction_min": min((min(f) for _, _, f in self.calls), default=None),
+            "kept_layers_fraction_min": min((min(f[:kept]) for _, _, f in self.calls), default=None) if kept else None,
             "other_layers_fraction_max": max(others, default=None),
         }
 
@@ -261,10 +271,16 @@ def worker_main(argv=None):
 
         state = {"trainer": None}
 
+        # The last step kept sharded generates with a gather budget that fits the first decoder layer only
+        budget_mb = 1.5 * 4 * layer_numel[0] / 2**20
+
         class SwitchToDefaultMode(TrainerCallback):
             def on_step_end(self, args, trainer_state, control, **kwargs):
+                if trainer_state.global_step == a.steps - 1:
+                    args.generation_gather_budget_mb = budget_mb
                 if trainer_state.global_step == a.steps:
                     args.disable_unwrapping_for_generation = False
+                    args.generation_gather_budget_mb = 0.0
                     if hasattr(args, "ds3_gather_for_generation"):
                         args.ds3_gather_for_generation = True
 
@@ -279,12 +295,26 @@ def worker_main(argv=None):
                 return original_generate(model, *args, **kwargs)
             finally:
                 probe.remove()
-                record = probe.summary()
-                record["mode"] = "disabled" if trainer.args.disable_unwrapping_for_generation else "default"
+                budget = getattr(trainer.args, "generation_gather_budget_mb", 0.0)
+                record = probe.summary(kept=1 if budget else 0)
+                if not trainer.args.disable_unwrapping_for_generation:
+                    record["mode"] = "default"
+                else:
+                    record["mode"] = "budget" if budget else "disabled"
                 record["step"] = trainer.state.global_step
                 facts["generations"].append(record)
 
         GenerationMixin.generate = generate
+        ds_config_file = os.environ.get("ACCELERATE_DEEPSPEED_CONFIG_FILE")
+        if ds_config_file and ds_config_file != "none":
+            # ZeRO-3 releases each module's parameters after its forward, as the docs advise for keep-sharded
+            # generation: with DeepSpeed's defaults (1e9) it may keep every layer it gathered once its trace of the
+            # modules is complete, and what the gather budget keeps could not be told from what DeepSpeed caches
+            ds_config = json.loads(Path(ds_config_file).read_text())
+            ds_config["zero_optimization"].update(stage3_max_live_parameters=0, stage3_max_reuse_distance=0)
+            released = Path(a.out) / f"released-rank{rank}.ds.json"
+            released.write_text(json.dumps(ds_config))
+            os.environ["ACCELERATE_DEEPSPEED_CONFIG_FILE"] = str(released)
         state["trainer"] = trainer = _build_trainer(a.trainer, manifest, a.out, a.steps, [SwitchToDefaultMode()])
         facts["stage"] = "initialized"
         _write(path, facts)
@@ -351,15 +381,20 @@ else:
     NO_FIELD = r"unexpected keyword argument 'disable_unwrapping_for_generation'"
     ODPO_DS_CONFIG = r"AttributeError: 'dict' object has no attribute 'is_encoder_decoder'"
 
-    def _expected(trainer, backend):
-        """Entries for a cell: every cell needs this issue; Online DPO under ZeRO-3 also issue 5."""
+    NO_BUDGET = r"the kept layer was sharded|never generated with a gather budget"
+
+    def _expected(trainer, backend, check=None):
+        """Entries for a cell: every cell needs this issue; Online DPO under ZeRO-3 also issue 5; the budget check
+        issue 17."""
         entries = [known_broken(7, match=NO_FIELD, why="no disable_unwrapping_for_generation on TRL 0.16.1")]
+        if check == "budget":
+            entries.append(known_broken(17, match=NO_BUDGET, why="no generation_gather_budget_mb"))
         if trainer == "online_dpo" and backend == "zero3":
             entries.append(known_broken(5, match=ODPO_DS_CONFIG, why="model.config on the DeepSpeedEngine"))
         return entries
 
     FAST_CELLS = {("grpo", backend) for backend in BACKENDS}
-    CHECKS = ("trains", "default", "disabled")
+    CHECKS = ("trains", "default", "disabled", "budget")
 
     class _Runs:
         def __init__(self, fixtures_dir, work_dir):
@@ -403,7 +438,7 @@ else:
                 problems.append(f"rank {r['rank']} did {r['global_step']} optimizer steps, expected {2 * STEPS}")
             if not r["losses"] or not all(isinstance(v, (int, float)) and math.isfinite(v) for v in r["losses"]):
                 problems.append(f"rank {r['rank']} logged no or non-finite losses: {r['losses'][:4]}")
-            for mode in ("disabled", "default"):
+            for mode in ("disabled", "budget", "default"):
                 if not any(g["mode"] == mode and g["calls"] for g in r["generations"]):
                     problems.append(f"rank {r['rank']} never generated in the {mode} mode")
         if problems:
@@ -439,12 +474,37 @@ else:
         if problems:
             raise CellFailure(problems)
 
+    def check_budget(ranks, backend):
+        """The step with a gather budget of one layer: the first layer stays whole at every forward, the other one is
+        sharded when it does not run, and the model is not whole on the rank when the head runs."""
+        problems = []
+        limit = 1 / WORLD_SIZE + SHARD_SLACK
+        for r in ranks:
+            generations = [g for g in r["generations"] if g["mode"] == "budget" and g["calls"]]
+            if not generations:
+                problems.append(f"rank {r['rank']} never generated with a gather budget")
+            for g in generations:
+                where = f"rank {r['rank']}, step {g['step']}, budget of one layer"
+                if g["kept_layers_fraction_min"] < 1.0:
+                    problems.append(
+                        f"{where}: the kept layer was sharded ({g['kept_layers_fraction_min']:.0%}) in generate"
+                    )
+                if g["other_layers_fraction_max"] > limit:
+                    problems.append(
+                        f"{where}: a layer that was neither kept nor running held {g['other_layers_fraction_max']:.0%}"
+                        f" of its parameters in generate (expected <= {limit:.0%})"
+                    )
+                if g["head_total_max"] >= g["full_numel"]:
+                    problems.append(f"{where}: held {g['head_total_max']:,} of {g['full_numel']:,} at the head")
+        if problems:
+            raise CellFailure(problems)
+
     def _params():
         for trainer in TRAINERS:
             for backend in BACKENDS:
                 slow = [] if (trainer, backend) in FAST_CELLS else [pytest.mark.slow]
                 for check in CHECKS:
-                    marks = marks_for(_expected(trainer, backend))
+                    marks = marks_for(_expected(trainer, backend, check))
                     yield pytest.param(trainer, backend, check, marks=slow + marks, id=f"{trainer}-{backend}-{check}")
 
     @pytest.mark.dist
@@ -458,6 +518,8 @@ else:
             check_default(ranks, backend)
         if check == "disabled":
             check_disabled(ranks, backend)
+        if check == "budget":
+            check_budget(ranks, backend)
 
     # ------------------------------------------------------------------------------ the CLI: `trl grpo --disable_...`
 
