@@ -23,7 +23,8 @@ Checks of a cell:
 - ``disabled``: with unwrapping disabled, at each forward the decoder layers other than the running one stay
                 sharded (at most 1/N + 10 % of their elements on the rank; ZeRO-3: not gathered), and the rank
                 never holds the whole model.
-- ``budget``:   with the gather budget of one layer, the first layer is whole at every forward, the other one is
+- ``budget``:   with the gather budget of one layer, the first layer is whole at every forward (FSDP2: the layers
+                prefetch the next one instead, which the first layer of a budget pays for), the other one is
                 sharded when it does not run, and the rank does not hold the whole model when the head runs.
 
 On the pristine base every cell fails at config time (no such field); some cells also need other issues' fixes
@@ -271,7 +272,8 @@ def worker_main(argv=None):
 
         state = {"trainer": None}
 
-        # The last step kept sharded generates with a gather budget that fits the first decoder layer only
+        # The last step kept sharded generates with a gather budget that fits the first decoder layer only (FSDP2:
+        # that pays for prefetching the next layer instead)
         budget_mb = 1.5 * 4 * layer_numel[0] / 2**20
 
         class SwitchToDefaultMode(TrainerCallback):
@@ -291,12 +293,18 @@ def worker_main(argv=None):
             if trainer is None or not hasattr(model, "lm_head"):
                 return original_generate(model, *args, **kwargs)
             probe = _GenerationProbe(model, layer_numel, full_numel)
+            # FSDP2: how many modules prefetch another one while generating (`set_modules_to_forward_prefetch`)
+            states = [getattr(layer, "_get_fsdp_state", lambda: None)() for layer in _decoder_layers(model)]
+            fsdp2 = any(hasattr(state, "_states_to_forward_prefetch") for state in states)
+            prefetching = sum(len(getattr(state, "_states_to_forward_prefetch", ())) for state in states)
             try:
                 return original_generate(model, *args, **kwargs)
             finally:
                 probe.remove()
                 budget = getattr(trainer.args, "generation_gather_budget_mb", 0.0)
-                record = probe.summary(kept=1 if budget else 0)
+                # FSDP2: the first layer of the budget pays for prefetching, there is none left to keep a layer
+                record = probe.summary(kept=1 if budget and not fsdp2 else 0)
+                record.update(fsdp2=fsdp2, prefetching=prefetching)
                 if not trainer.args.disable_unwrapping_for_generation:
                     record["mode"] = "default"
                 else:
@@ -381,7 +389,7 @@ else:
     NO_FIELD = r"unexpected keyword argument 'disable_unwrapping_for_generation'"
     ODPO_DS_CONFIG = r"AttributeError: 'dict' object has no attribute 'is_encoder_decoder'"
 
-    NO_BUDGET = r"the kept layer was sharded|never generated with a gather budget"
+    NO_BUDGET = r"the kept layer was sharded|never generated with a gather budget|no layer prefetched"
 
     def _expected(trainer, backend, check=None):
         """Entries for a cell: every cell needs this issue; Online DPO under ZeRO-3 also issue 5; the budget check
@@ -475,8 +483,9 @@ else:
             raise CellFailure(problems)
 
     def check_budget(ranks, backend):
-        """The step with a gather budget of one layer: the first layer stays whole at every forward, the other one is
-        sharded when it does not run, and the model is not whole on the rank when the head runs."""
+        """The step with a gather budget of one layer: the first layer stays whole at every forward (FSDP2: the layers
+        prefetch the next one instead), the other one is sharded when it does not run, and the model is not whole on
+        the rank when the head runs."""
         problems = []
         limit = 1 / WORLD_SIZE + SHARD_SLACK
         for r in ranks:
@@ -485,7 +494,9 @@ else:
                 problems.append(f"rank {r['rank']} never generated with a gather budget")
             for g in generations:
                 where = f"rank {r['rank']}, step {g['step']}, budget of one layer"
-                if g["kept_layers_fraction_min"] < 1.0:
+                if g["fsdp2"] and not g["prefetching"]:
+                    problems.append(f"{where}: no layer prefetched the next one in generate")
+                if not g["fsdp2"] and g["kept_layers_fraction_min"] < 1.0:
                     problems.append(
                         f"{where}: the kept layer was sharded ({g['kept_layers_fraction_min']:.0%}) in generate"
                     )
