@@ -468,26 +468,30 @@ else:
 
     def check_disabled(ranks, backend):
         problems = []
-        limit = 1 / WORLD_SIZE + SHARD_SLACK
         for r in ranks:
             for g in (g for g in r["generations"] if g["mode"] == "disabled" and g["calls"]):
                 where = f"rank {r['rank']}, step {g['step']}, disabled mode"
-                if g["other_layers_fraction_max"] > limit:
-                    problems.append(
-                        f"{where}: a layer that was not running held {g['other_layers_fraction_max']:.0%} of its "
-                        f"parameters in generate (expected <= {limit:.0%})"
-                    )
+                problems += _idle_layer_problems(g, where, "not running")
                 if g["total_max"] >= g["full_numel"]:
                     problems.append(f"{where}: held {g['total_max']:,} of {g['full_numel']:,} parameters in generate")
         if problems:
             raise CellFailure(problems)
+
+    def _idle_layer_problems(g, where, which):
+        """A decoder layer that did not run (``which``) held more than its shard while ``generate`` ran."""
+        limit = 1 / WORLD_SIZE + SHARD_SLACK
+        if g["other_layers_fraction_max"] <= limit:
+            return []
+        return [
+            f"{where}: a layer that was {which} held {g['other_layers_fraction_max']:.0%} of its parameters in "
+            f"generate (expected <= {limit:.0%})"
+        ]
 
     def check_budget(ranks, backend):
         """The step with a gather budget of one layer: the first layer stays whole at every forward (FSDP2: the layers
         prefetch the next one instead), the other one is sharded when it does not run, and the model is not whole on
         the rank when the head runs."""
         problems = []
-        limit = 1 / WORLD_SIZE + SHARD_SLACK
         for r in ranks:
             generations = [g for g in r["generations"] if g["mode"] == "budget" and g["calls"]]
             if not generations:
@@ -500,11 +504,7 @@ else:
                     problems.append(
                         f"{where}: the kept layer was sharded ({g['kept_layers_fraction_min']:.0%}) in generate"
                     )
-                if g["other_layers_fraction_max"] > limit:
-                    problems.append(
-                        f"{where}: a layer that was neither kept nor running held {g['other_layers_fraction_max']:.0%}"
-                        f" of its parameters in generate (expected <= {limit:.0%})"
-                    )
+                problems += _idle_layer_problems(g, where, "neither kept nor running")
                 if g["head_total_max"] >= g["full_numel"]:
                     problems.append(f"{where}: held {g['head_total_max']:,} of {g['full_numel']:,} at the head")
         if problems:
