@@ -8,17 +8,25 @@ What it does, offline and without a GPU:
 1. builds the tiny fixtures (policy, reward model, tokenizer, prompt dataset) into a work directory;
 2. writes the accelerate config for the backend (``examples/accelerate_configs/`` plus the CPU specifics of
    ``tests/harness``) as the default config of a private ``HF_HOME``, so that the plain CLI picks it up;
-3. runs ``python -m trl.cli grpo ...`` (what the ``trl`` console script runs) with ``beta > 0``, hence a
-   reference model, for a few optimizer steps;
+3. runs ``trl grpo ...`` (the ``trl`` console script of this Python; ``python -m trl.cli`` without one) with
+   ``beta > 0``, hence a reference model, for a few optimizer steps;
 4. prints, from inside the CLI's processes, where the reference and reward models live and how much of
    each every rank holds, then a summary.  Exits non-zero if anything failed.
+
+On CPU, FSDP needs the test harness's shim: accelerate 1.6 turns a process group without GPUs into MULTI_CPU and
+drops the FSDP plugin, so every rank would train (and hold) a full replica.  ``tests/harness/cpu_shims.py``,
+loaded at start-up by ``tests/harness/_site/sitecustomize.py`` (on ``PYTHONPATH``) when
+``TRL_HARNESS_CPU_FSDP=1``, keeps it (ZeRO-3 on CPU: ``DS_ACCELERATOR=cpu`` and ``TRL_HARNESS_DS_NO_SHM=1``).
+The demo prints the equivalent command with that environment; its files stay in the work directory
+(default ``build/demo``).  On GPUs no shim is involved: ``trl grpo`` with the config of
+``examples/accelerate_configs/`` as it is.
 """
 
 import argparse
 import json
-import shutil
+import os
+import shlex
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -27,18 +35,30 @@ REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "tests"))
 
 from harness.fixtures import build_fixtures  # noqa: E402
+from harness.launcher import BACKENDS as LAUNCH_BACKENDS  # noqa: E402
 from harness.launcher import derive_config, harness_env, run_command  # noqa: E402
 
 
 HOOK = Path(__file__).resolve().parent / "demo_hook.py"
 BACKENDS = ("fsdp2", "zero3", "fsdp1", "ddp")
+DEFAULT_WORKDIR = REPO / "build" / "demo"
+# Set by harness_env whatever the caller's environment holds: always printed, so that the command does not depend
+# on what `make` exported. TRL_HARNESS_ERROR_DIR (traceback capture) is left out: it changes nothing in the run.
+ALWAYS_SHOWN = ("PYTHONPATH", "CUDA_VISIBLE_DEVICES", "ACCELERATE_USE_CPU", "HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE",
+                "TRANSFORMERS_OFFLINE", "TOKENIZERS_PARALLELISM", "OMP_NUM_THREADS")  # fmt: skip
+NOT_SHOWN = ("TRL_HARNESS_ERROR_DIR",)
 
 
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--backend", choices=BACKENDS, default="fsdp2", help="default: %(default)s")
     parser.add_argument("--steps", type=int, default=3, help="optimizer steps (default: %(default)s)")
-    parser.add_argument("--workdir", help="keep everything here (default: a temporary directory)")
+    parser.add_argument(
+        "--workdir",
+        type=Path,
+        default=DEFAULT_WORKDIR,
+        help="fixtures, config, reports and logs go here, and stay for the printed command (default: %(default)s)",
+    )
     parser.add_argument("--timeout", type=int, default=600, help="seconds before the run is killed")
     parser.add_argument("--verbose", action="store_true", help="echo the whole training output")
     return parser.parse_args(argv)
@@ -98,15 +118,51 @@ def summarize(reports, args, result, elapsed):
         for p in problems:
             print(p)
     else:
-        print(f"DEMO PASSED in {elapsed:.0f}s")
+        print(f"DEMO PASSED in {elapsed:.0f}s (the training run itself: {result.duration:.0f}s)")
     return not problems
 
 
-def main(argv=None):
-    args = parse_args(argv)
-    start = time.monotonic()
-    tmp = None if args.workdir else tempfile.mkdtemp(prefix="trl-demo-")
-    work = Path(args.workdir or tmp).resolve()
+def shim_note(backend):
+    """What makes ``backend`` run on CPU ranks here, and that GPUs need none of it (lines for the demo's output)."""
+    spec = LAUNCH_BACKENDS[backend]
+    gpus = f"On GPUs no shim is involved: `trl grpo` with examples/accelerate_configs/{spec.config} as it is."
+    if spec.family == "fsdp":
+        return [
+            "On CPU this demo enables FSDP through the test harness's shim: accelerate 1.6 drops FSDP on CPU ranks",
+            "(every rank would train a full replica); tests/harness/cpu_shims.py keeps it, loaded at start-up by",
+            "tests/harness/_site/sitecustomize.py through PYTHONPATH and TRL_HARNESS_CPU_FSDP=1.",
+            gpus,
+        ]
+    if spec.family == "deepspeed":
+        return [
+            "On CPU this demo runs DeepSpeed with DS_ACCELERATOR=cpu and the test harness's shim",
+            "(tests/harness/cpu_shims.py, loaded through PYTHONPATH and TRL_HARNESS_DS_NO_SHM=1): no JIT-compiled",
+            "shared-memory op, asynchronous gloo collectives completed before they return.",
+            gpus,
+        ]
+    return ["DDP needs no shim on CPU; PYTHONPATH loads the demo's reporting hook only.", gpus]
+
+
+def equivalent_command(env, argv, base_env=None, indent=""):
+    """The shell command that reproduces the launch: the environment the demo sets, then ``argv``, quoted; one
+    variable per line (``\\`` continuations), each line after the first indented by ``indent``."""
+    base_env = os.environ if base_env is None else base_env
+    shown = [k for k in ALWAYS_SHOWN if k in env]
+    shown += [k for k in env if k not in shown and k not in NOT_SHOWN and base_env.get(k) != env[k]]
+    lines = [f"{k}={shlex.quote(str(env[k]))}" for k in shown]
+    lines.append(" ".join(shlex.quote(str(a)) for a in argv))
+    return f" \\\n{indent}".join(lines)
+
+
+def trl_executable():
+    """The ``trl`` console script of this Python (what ``trl grpo`` runs), else ``python -m trl.cli``."""
+    script = Path(sys.executable).with_name("trl")
+    return [str(script)] if script.is_file() else [sys.executable, "-m", "trl.cli"]
+
+
+def prepare(args):
+    """Fixtures, config and environment of the launch; returns (work dir, launch argv, env, equivalent command)."""
+    work = Path(args.workdir).resolve()
     work.mkdir(parents=True, exist_ok=True)
 
     print(f"[1/3] building tiny fixtures in {work / 'fixtures'}", flush=True)
@@ -153,10 +209,21 @@ def main(argv=None):
             ),
         },
     )
-    print(f"[3/3] trl {' '.join(cli_args[:1])} ... (accelerate default config: {args.backend})", flush=True)
-    print("      equivalent command: HF_HOME=" + str(hf_home) + " trl " + " ".join(cli_args), flush=True)
+    argv = [*trl_executable(), *cli_args]
+    return work, argv, env, equivalent_command(env, argv, indent=" " * 8)
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    start = time.monotonic()
+    work, command, env, equivalent = prepare(args)
+    print(f"[3/3] trl grpo ... (accelerate default config: {args.backend})", flush=True)
+    for line in shim_note(args.backend):
+        print(f"      {line}", flush=True)
+    print(f"      Equivalent command (this environment, files kept in {work}):", flush=True)
+    print("        " + equivalent, flush=True)
     result = run_command(
-        [sys.executable, "-m", "trl.cli", *cli_args],
+        command,
         env=env,
         workdir=work / "launch",
         backend=args.backend,
@@ -164,13 +231,10 @@ def main(argv=None):
         cwd=work,
         echo=_echo(args.verbose),
     )
-    reports = [json.loads(p.read_text()) for p in sorted(reports_dir.glob("rank*.json"))]
+    reports = [json.loads(p.read_text()) for p in sorted((work / "reports").glob("rank*.json"))]
     reports.sort(key=lambda r: r["rank"])
     ok = summarize(reports, args, result, time.monotonic() - start)
-    if tmp is not None and ok:
-        shutil.rmtree(tmp, ignore_errors=True)
-    elif tmp is not None:
-        print(f"(work directory kept for inspection: {work}; training log: {result.log_path})")
+    print(f"(work directory kept: {work}, for the equivalent command above; training log: {result.log_path})")
     return 0 if ok else 1
 
 
