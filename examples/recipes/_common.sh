@@ -1,8 +1,10 @@
 # Shared by the recipes (sourced, not run). Every variable can be set from the environment:
-#   NUM_GPUS            processes (one per GPU); default: the GPUs in CUDA_VISIBLE_DEVICES, else those nvidia-smi lists
-#   ACCELERATE_CONFIG   accelerate config file; default: the one the recipe names in examples/accelerate_configs/
+#   NUM_GPUS            processes (one per GPU), a positive integer; default: the GPUs in CUDA_VISIBLE_DEVICES, else
+#                       those nvidia-smi lists
+#   BACKEND             ddp, zero2, zero3, fsdp1 or fsdp2: each recipe says which it accepts and its default
+#   ACCELERATE_CONFIG   accelerate config file; default: the one of BACKEND in examples/accelerate_configs/
 #   OUTPUT_DIR          where checkpoints go; default: runs/<recipe>
-#   RECIPE_DRY_RUN=1    print the commands, run nothing
+#   RECIPE_DRY_RUN=1    print the commands (with the environment each one gets), run nothing
 # Extra arguments given to a recipe are appended to its command: they override its defaults (the last value wins).
 set -euo pipefail
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -19,6 +21,11 @@ if [ -z "${NUM_GPUS:-}" ]; then
         exit 2
     fi
 fi
+if ! [[ "$NUM_GPUS" =~ ^[0-9]+$ ]] || [ "$((10#$NUM_GPUS))" -eq 0 ]; then
+    echo "error: NUM_GPUS=$NUM_GPUS: a positive integer is required (the number of GPUs, one process each)" >&2
+    exit 2
+fi
+NUM_GPUS="$((10#$NUM_GPUS))"
 ACCELERATE="${ACCELERATE:-accelerate}"
 declare -A CONFIG_FILES=([ddp]=multi_gpu.yaml [zero2]=deepspeed_zero2.yaml [zero3]=deepspeed_zero3.yaml
                         [fsdp1]=fsdp1.yaml [fsdp2]=fsdp2.yaml)
@@ -30,7 +37,20 @@ config_for() {  # config_for BACKEND ALLOWED...: $ACCELERATE_CONFIG, else the co
         *) echo "error: backend '$backend': expected one of: $*" >&2; return 2 ;;
     esac
 }
-run() {  # prints the command, then runs it (RECIPE_DRY_RUN=1: prints it only)
-    echo "+ $*" >&2
-    if [ -z "${RECIPE_DRY_RUN:-}" ]; then "$@"; fi
+quote() {  # one word as it is when the shell needs no quotes for it, else single-quoted
+    local plain='^[A-Za-z0-9_./:,=+@%-]+$'
+    if [[ "$1" =~ $plain ]]; then printf '%s' "$1"; else printf "'%s'" "${1//\'/\'\\\'\'}"; fi
+}
+command_line() {  # command_line [VAR=value...] COMMAND ARGS...: one line that a shell runs the same way
+    local line="" word
+    while [[ $# -gt 0 && "$1" =~ ^[A-Za-z_][A-Za-z0-9_]*= ]]; do line+=" ${1%%=*}=$(quote "${1#*=}")"; shift; done
+    for word in "$@"; do line+=" $(quote "$word")"; done
+    printf '%s' "${line# }"
+}
+run() {  # run [VAR=value...] COMMAND ARGS...: prints the command with those variables, then runs it with them
+    local assignments=()  # RECIPE_DRY_RUN=1: prints it only; a copy of the printed line runs the same
+    while [[ $# -gt 0 && "$1" =~ ^[A-Za-z_][A-Za-z0-9_]*= ]]; do assignments+=("$1"); shift; done
+    [ $# -gt 0 ] || { echo "error: run: no command after ${assignments[*]}" >&2; return 2; }
+    echo "+ $(command_line "${assignments[@]}" "$@")" >&2
+    if [ -z "${RECIPE_DRY_RUN:-}" ]; then env "${assignments[@]}" "$@"; fi
 }

@@ -8,13 +8,21 @@
 #   [INFO|trl.models.utils] reward model: sharded by FSDP2 over 8 ranks on cuda:0, this rank holds 12% (...)
 #
 #   NUM_GPUS=8 MODEL=Qwen/Qwen2.5-1.5B-Instruct REWARD_MODEL=<sequence classifier> bash examples/recipes/grpo_frozen_models.sh
-#   FSDP=fsdp1 bash examples/recipes/grpo_frozen_models.sh      # FSDP1 instead of FSDP2
+#   BACKEND=fsdp1 bash examples/recipes/grpo_frozen_models.sh   # FSDP1 instead of FSDP2 (FSDP=fsdp1: the old name)
 # Under FSDP2, save_model() writes no final model (accelerate 1.6: sharded state dicts only); the checkpoints
 # (every 500 steps) are sharded: `accelerate merge-weights <checkpoint>/pytorch_model_fsdp_0 <dir>` merges one.
 source "$(dirname "${BASH_SOURCE[0]}")/_common.sh"
 : "${MODEL:=Qwen/Qwen2.5-0.5B-Instruct}" "${REWARD_MODEL:?set REWARD_MODEL to a sequence classification model}"
-: "${DATASET:=trl-lib/tldr}" "${FSDP:=fsdp2}" "${OUTPUT_DIR:=runs/grpo-frozen-models}"
-config="$(config_for "$FSDP" fsdp1 fsdp2)"
+: "${DATASET:=trl-lib/tldr}" "${OUTPUT_DIR:=runs/grpo-frozen-models}"
+if [ -n "${FSDP:-}" ]; then  # FSDP= is this recipe's old name for BACKEND=
+    if [ -n "${BACKEND:-}" ] && [ "$BACKEND" != "$FSDP" ]; then
+        echo "error: BACKEND=$BACKEND and FSDP=$FSDP disagree; set BACKEND only (FSDP is its old name)" >&2
+        exit 2
+    fi
+    BACKEND="$FSDP"
+fi
+: "${BACKEND:=fsdp2}"
+config="$(config_for "$BACKEND" fsdp1 fsdp2)"
 run "$ACCELERATE" launch --config_file "$config" --num_processes "$NUM_GPUS" \
     -m trl.scripts.grpo \
     --model_name_or_path "$MODEL" --reward_model_name_or_path "$REWARD_MODEL" --dataset_name "$DATASET" \

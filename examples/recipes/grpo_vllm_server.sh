@@ -9,6 +9,8 @@
 #
 #   NUM_GPUS=8 MODEL=Qwen/Qwen2.5-7B-Instruct REWARD_MODEL=<sequence classifier> bash examples/recipes/grpo_vllm_server.sh
 #   LORA=1 BACKEND=zero3 VLLM_SYNC_MB=256 bash examples/recipes/grpo_vllm_server.sh
+# vLLM gets the first GPU (of CUDA_VISIBLE_DEVICES when it is set: CUDA_VISIBLE_DEVICES=4,5,6,7 serves on 4 and trains
+# on 5,6,7), training the next NUM_GPUS-1; RECIPE_DRY_RUN=1 prints both commands with their CUDA_VISIBLE_DEVICES.
 # Under FSDP2, save_model() writes no final model (accelerate 1.6: sharded state dicts only); the checkpoints
 # (every 500 steps) are sharded: `accelerate merge-weights <checkpoint>/pytorch_model_fsdp_0 <dir>` merges one.
 source "$(dirname "${BASH_SOURCE[0]}")/_common.sh"
@@ -19,14 +21,22 @@ config="$(config_for "$BACKEND" fsdp2 zero3)"
 [ "$NUM_GPUS" -ge 2 ] || { echo "error: NUM_GPUS=$NUM_GPUS: one GPU serves vLLM, at least one trains" >&2; exit 2; }
 lora=()
 if [ -n "${LORA:-}" ]; then lora=(--use_peft --lora_r 16 --lora_alpha 32 --lora_target_modules all-linear); fi
-train_gpus="$(seq -s, 1 $((NUM_GPUS - 1)))"
+# The GPUs: those CUDA_VISIBLE_DEVICES lists when it is set (the first NUM_GPUS of them), else 0..NUM_GPUS-1.
+if [ -n "${CUDA_VISIBLE_DEVICES:-}" ]; then IFS=, read -r -a gpus <<< "$CUDA_VISIBLE_DEVICES"; else
+    read -r -a gpus <<< "$(seq -s " " 0 $((NUM_GPUS - 1)))"; fi
+if [ "${#gpus[@]}" -lt "$NUM_GPUS" ]; then
+    echo "error: NUM_GPUS=$NUM_GPUS, but CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-} lists ${#gpus[@]} GPU(s)" >&2
+    exit 2
+fi
+vllm_gpu="${gpus[0]}"
+train_gpus="$(IFS=,; echo "${gpus[*]:1:$((NUM_GPUS - 1))}")"
 
-# 1. vLLM on GPU 0, in the background; stopped when this script exits (also on Ctrl-C).
+# 1. vLLM on the first GPU, in the background; stopped when this script exits (also on Ctrl-C).
 serve=(trl vllm-serve --model "$MODEL" --port "$VLLM_PORT")
-echo "+ CUDA_VISIBLE_DEVICES=0 ${serve[*]} &" >&2
+echo "+ $(command_line CUDA_VISIBLE_DEVICES="$vllm_gpu" "${serve[@]}") &" >&2
 if [ -z "${RECIPE_DRY_RUN:-}" ]; then
     command -v curl >/dev/null || { echo "error: curl is needed to wait for the vLLM server" >&2; exit 2; }
-    CUDA_VISIBLE_DEVICES=0 "${serve[@]}" &
+    CUDA_VISIBLE_DEVICES="$vllm_gpu" "${serve[@]}" &
     server=$!  # the server process itself
     trap 'kill $server 2>/dev/null || true; wait $server 2>/dev/null || true' EXIT
     trap 'exit 130' INT TERM
@@ -36,8 +46,8 @@ if [ -z "${RECIPE_DRY_RUN:-}" ]; then
     done
 fi
 
-# 2. Training on GPUs 1..NUM_GPUS-1; the policy's weights go to the server after every optimizer step.
-CUDA_VISIBLE_DEVICES="$train_gpus" run "$ACCELERATE" launch \
+# 2. Training on the other GPUs; the policy's weights go to the server after every optimizer step.
+run CUDA_VISIBLE_DEVICES="$train_gpus" "$ACCELERATE" launch \
     --config_file "$config" --num_processes "$((NUM_GPUS - 1))" \
     -m trl.scripts.grpo \
     --model_name_or_path "$MODEL" --reward_model_name_or_path "$REWARD_MODEL" --dataset_name "$DATASET" \

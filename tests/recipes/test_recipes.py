@@ -48,7 +48,7 @@ SHARED_CPU = ["--bf16", "false", "--gradient_checkpointing", "false", "--max_ste
 
 # (case id, recipe, backend, environment, CPU arguments, lines the main process must log)
 CASES = [
-    ("grpo-fsdp2", "grpo_frozen_models", "fsdp2", {"FSDP": "fsdp2"}, GRPO_CPU,
+    ("grpo-fsdp2", "grpo_frozen_models", "fsdp2", {"BACKEND": "fsdp2"}, GRPO_CPU,
      [r"reference model: sharded by FSDP2 over 2 ranks on cpu, this rank holds 5\d%",
       r"reward model: sharded by FSDP2 over 2 ranks on cpu, this rank holds 5\d%"]),
     ("online-dpo-zero3-rm", "online_dpo", "zero3", {"BACKEND": "zero3"}, ["--max_new_tokens", "8", "--max_length", "64"],
@@ -292,6 +292,100 @@ def test_every_recipe_has_a_cpu_test(recipe):
         while "=" in command[0]:  # environment assignments (CUDA_VISIBLE_DEVICES=0 trl vllm-serve ...)
             command = command[1:]
         assert command[0].endswith("accelerate") or command[0] == "trl", command
+
+
+def _recipe_names():
+    return sorted(p.stem for p in RECIPES.glob("[!_]*.sh"))
+
+
+@pytest.mark.parametrize("recipe", _recipe_names())
+@pytest.mark.parametrize("num_gpus", ["0", "abc", "-1", "1.5", "2x", " 2"])
+def test_num_gpus_must_be_a_positive_integer(recipe, num_gpus):
+    """NUM_GPUS=0 / abc / ... is refused with one line, before anything is printed or run."""
+    env = dict(os.environ, RECIPE_DRY_RUN="1", NUM_GPUS=num_gpus, REWARD_MODEL="reward", TEACHER="teacher")
+    ran = subprocess.run(["bash", RECIPES / f"{recipe}.sh"], env=env, capture_output=True, text=True, timeout=60)
+    assert ran.returncode == 2, ran
+    assert (
+        ran.stderr
+        == f"error: NUM_GPUS={num_gpus}: a positive integer is required (the number of GPUs, one process each)\n"
+    )
+
+
+@pytest.mark.parametrize(
+    "variables, expected",
+    [
+        ({}, "fsdp2.yaml"),
+        ({"BACKEND": "fsdp1"}, "fsdp1.yaml"),
+        ({"FSDP": "fsdp1"}, "fsdp1.yaml"),  # the recipe's old name, kept as an alias
+        ({"FSDP": "fsdp1", "BACKEND": "fsdp1"}, "fsdp1.yaml"),
+        ({"FSDP": "fsdp1", "BACKEND": "fsdp2"}, "error: BACKEND=fsdp2 and FSDP=fsdp1 disagree"),
+        ({"BACKEND": "zero3"}, "error: backend 'zero3': expected one of: fsdp1 fsdp2"),
+    ],
+    ids=["default", "backend", "fsdp-alias", "both-agree", "conflict", "not-fsdp"],
+)
+def test_grpo_frozen_models_reads_backend(variables, expected):
+    """grpo_frozen_models.sh takes BACKEND= like the other recipes (it used to read FSDP= only, ignoring BACKEND)."""
+    env = {k: v for k, v in os.environ.items() if k not in ("BACKEND", "FSDP", "ACCELERATE_CONFIG")}
+    env.update(RECIPE_DRY_RUN="1", NUM_GPUS="2", REWARD_MODEL="reward", **variables)
+    ran = subprocess.run(
+        ["bash", RECIPES / "grpo_frozen_models.sh"], env=env, capture_output=True, text=True, timeout=60
+    )
+    if expected.startswith("error"):
+        assert ran.returncode == 2 and ran.stderr.startswith(expected) and len(ran.stderr.splitlines()) == 1, ran
+    else:
+        assert ran.returncode == 0, ran
+        (train,) = [shlex.split(line[2:]) for line in ran.stderr.splitlines() if line.startswith("+ ")]
+        assert train[train.index("--config_file") + 1] == str(REPO_ROOT / "examples" / "accelerate_configs" / expected)
+
+
+RECORDER = """#!{python}
+import json, os, sys, time
+name = os.path.basename(sys.argv[0])
+record = {{"CUDA_VISIBLE_DEVICES": os.environ.get("CUDA_VISIBLE_DEVICES"), "argv": sys.argv}}
+path = os.path.join(os.environ["RECORD_DIR"], name + ".json")
+with open(path + ".tmp", "w") as f:
+    json.dump(record, f)
+os.replace(path + ".tmp", path)
+if name == "trl":
+    time.sleep(60)  # the vLLM server: the recipe stops it when it exits
+"""
+FAKE_CURL = """#!/usr/bin/env bash
+for _ in $(seq 200); do [ -f "$RECORD_DIR/trl.json" ] && exit 0; sleep 0.05; done
+exit 1
+"""
+
+
+@pytest.mark.parametrize("visible, num_gpus, vllm_gpu, train_gpus", [
+    (None, "4", "0", "1,2,3"),
+    ("4,5,6,7", None, "4", "5,6,7"),  # NUM_GPUS from CUDA_VISIBLE_DEVICES: its GPUs, not 0..3
+    ("4,5,6,7", "3", "4", "5,6"),
+])  # fmt: skip
+def test_vllm_server_dry_run_prints_what_the_real_run_does(tmp_path, visible, num_gpus, vllm_gpu, train_gpus):
+    """RECIPE_DRY_RUN=1 prints each command with the CUDA_VISIBLE_DEVICES the real run gives it (the training
+    command used to be printed without one: copied, it trained on the vLLM GPU too). The real run here starts
+    stand-ins for `trl`, `curl` and `accelerate` that record their environment and arguments."""
+    bin_dir, records = tmp_path / "bin", tmp_path / "records"
+    bin_dir.mkdir()
+    records.mkdir()
+    for name, text in (("trl", RECORDER.format(python=sys.executable)), ("accelerate", RECORDER.format(
+            python=sys.executable)), ("curl", FAKE_CURL)):  # fmt: skip
+        (bin_dir / name).write_text(text)
+        (bin_dir / name).chmod(0o755)
+    env = {k: v for k, v in os.environ.items() if k not in ("CUDA_VISIBLE_DEVICES", "NUM_GPUS", "ACCELERATE")}
+    env.update(PATH=f"{bin_dir}{os.pathsep}{env['PATH']}", RECORD_DIR=str(records), REWARD_MODEL="reward",
+               ACCELERATE=str(bin_dir / "accelerate"))  # fmt: skip
+    env.update({k: v for k, v in (("CUDA_VISIBLE_DEVICES", visible), ("NUM_GPUS", num_gpus)) if v is not None})
+
+    serve, train = _dry_run("grpo_vllm_server", dict(env, RECIPE_DRY_RUN="1"))
+    assert serve[0] == f"CUDA_VISIBLE_DEVICES={vllm_gpu}" and serve[-1] == "&"
+    assert train[0] == f"CUDA_VISIBLE_DEVICES={train_gpus}"
+
+    subprocess.run(["bash", RECIPES / "grpo_vllm_server.sh"], env=env, check=True, capture_output=True, timeout=120)
+    served = json.loads((records / "trl.json").read_text())
+    trained = json.loads((records / "accelerate.json").read_text())
+    assert [f"CUDA_VISIBLE_DEVICES={served['CUDA_VISIBLE_DEVICES']}", "trl", *served["argv"][1:], "&"] == serve
+    assert [f"CUDA_VISIBLE_DEVICES={trained['CUDA_VISIBLE_DEVICES']}", *trained["argv"]] == train
+    assert trained["argv"][trained["argv"].index("--num_processes") + 1] == str(len(train_gpus.split(",")))
 
 
 def test_report_from_measurements(tmp_path):
