@@ -495,18 +495,71 @@ def pr_branches(
 # ------------------------------------------------------------------------------------------- for setup.py
 
 
+BUILD_RECORD = ".fork-build.json"
+
+
 def build_tree(patches_dir: Path = PATCHES_DIR, dest: Path = BUILD_TREE, *, upto: int | None = None) -> Path:
     """A tree of exactly base + series (or its first ``upto`` patches), rebuilt only when they change.
 
     Wheels are built from it; ``tools/prove.py`` keeps one per prefix of the series. ``upto=0`` is the pristine
     base, without the generated ``trl/_fork_info.py``.
+
+    A tree is reused only after checking it against what it was built from (``.fork-build.json``): the same
+    series fingerprint, an sdist with the pinned sha256, the same commits and no edited file; any difference
+    rebuilds it (one log line says why). ``TRL_FORK_SDIST``, when set, is verified whether or not the tree is
+    reused, as a fresh build would verify it.
     """
+    base = load_base(patches_dir)
     series = read_series(patches_dir)[:upto]
-    stamp = dest / ".fork-stamp"
-    if stamp.is_file() and stamp.read_text().strip() == fingerprint(patches_dir, series):
+    expected = fingerprint(patches_dir, series)
+    if os.environ.get("TRL_FORK_SDIST"):
+        fetch_sdist(base)  # raises on a missing file or a wrong sha256, like a fresh build
+    problem = stale_build(dest, base, expected)
+    if problem is None:
+        log(f"reusing {dest}: {base.sdist} (sha256 {base.sha256[:12]}) + {len(series)} patch(es), verified")
         return dest
+    if dest.exists():
+        log(f"rebuilding {dest}: {problem}")
     log(f"applying {len(series)} patch(es) onto the base in {dest}")
-    return materialize(dest, patches_dir=patches_dir, upto=upto, force=True, fork_info=upto != 0)
+    sdist = fetch_sdist(base)
+    tree = materialize(dest, patches_dir=patches_dir, upto=upto, force=True, fork_info=upto != 0)
+    record = {
+        "fingerprint": expected,
+        "sdist": str(sdist),
+        "sdist_sha256": sha256_of(sdist),
+        "patches": len(series),
+        "head": git(tree, "rev-parse", "HEAD").stdout.strip(),
+    }
+    (tree / BUILD_RECORD).write_text(json.dumps(record, indent=1) + "\n")
+    exclude = tree / ".git" / "info" / "exclude"
+    exclude.parent.mkdir(parents=True, exist_ok=True)
+    if f"/{BUILD_RECORD}" not in (exclude.read_text() if exclude.exists() else ""):
+        with open(exclude, "a") as handle:
+            handle.write(f"/{BUILD_RECORD}\n/.fork-stamp\n")
+    return tree
+
+
+def stale_build(tree: Path, base: Base, expected_fingerprint: str) -> str | None:
+    """Why the build tree ``tree`` cannot be reused as base + series, or None when it can."""
+    if not tree.exists():
+        return "it does not exist"
+    try:
+        record = json.loads((tree / BUILD_RECORD).read_text())
+        stamp = (tree / ".fork-stamp").read_text().strip()
+    except (OSError, ValueError):
+        return f"no record of what it was built from ({BUILD_RECORD})"
+    if stamp != expected_fingerprint or record.get("fingerprint") != expected_fingerprint:
+        return "patches/ (or the build tool) changed since it was built"
+    if record.get("sdist_sha256") != base.sha256:
+        return f"built from an sdist with sha256 {record.get('sdist_sha256')}, patches/base.json pins {base.sha256}"
+    head = git(tree, "rev-parse", "HEAD", check=False).stdout.strip()
+    if head != record.get("head"):
+        return f"its commits changed since it was built (HEAD {head or 'unreadable'}, built at {record.get('head')})"
+    edited = git(tree, "status", "--porcelain", "--untracked-files=no", check=False)
+    if edited.returncode != 0 or edited.stdout.strip():
+        files = [line[3:] for line in edited.stdout.splitlines()][:5] or ["git status failed"]
+        return f"files were changed there since it was built: {', '.join(files)}"
+    return None
 
 
 def dev_tree(patches_dir: Path = PATCHES_DIR, dest: Path = DEV_TREE) -> Path:

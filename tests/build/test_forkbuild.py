@@ -274,6 +274,75 @@ def test_dependencies_have_tested_upper_bounds(tmp_path):
     assert "vllm>=0.7.2; sys_platform != 'win32'" in metadata["EXTRAS"]["vllm"]
 
 
+# ------------------------------------------------------------------------------ reuse of a build tree (setup.py)
+
+
+@pytest.fixture()
+def built(tmp_path, monkeypatch, sdist):
+    """A build tree of the base + the first patch, as `pip install .` leaves it in build/fork-tree."""
+    monkeypatch.delenv("TRL_FORK_SDIST", raising=False)
+    tree = forkbuild.build_tree(dest=tmp_path / "fork-tree", upto=1)
+    (tree / "sentinel").write_text("gone when the tree is rebuilt\n")  # untracked: ignored by the checks
+    return tree
+
+
+def test_build_tree_is_reused_when_nothing_changed(built, capsys):
+    assert forkbuild.build_tree(dest=built, upto=1) == built
+    assert (built / "sentinel").exists()
+    assert (
+        f"reusing {built}: {BASE.sdist} (sha256 {BASE.sha256[:12]}) + 1 patch(es), verified" in capsys.readouterr().err
+    )
+
+
+def test_build_tree_with_an_edited_file_is_rebuilt(built, capsys):
+    """An edit in build/fork-tree used to go into the wheel silently (its stamp only covers patches/)."""
+    init = built / "trl" / "__init__.py"
+    pristine = init.read_text()
+    init.write_text(pristine + "EDITED = True\n")
+    forkbuild.build_tree(dest=built, upto=1)
+    assert init.read_text() == pristine and not (built / "sentinel").exists()
+    assert "files were changed there since it was built: trl/__init__.py" in capsys.readouterr().err
+
+
+def test_build_tree_with_other_commits_is_rebuilt(built):
+    (built / "trl" / "extra.py").write_text("x = 1\n")
+    forkbuild.git(built, "add", "trl/extra.py")
+    forkbuild.git(built, "commit", "--quiet", "-m", "an extra commit")
+    forkbuild.build_tree(dest=built, upto=1)
+    assert not (built / "trl" / "extra.py").exists()
+
+
+def test_build_tree_from_another_sdist_is_rebuilt(built, capsys):
+    record = json.loads((built / forkbuild.BUILD_RECORD).read_text())
+    assert record["sdist_sha256"] == BASE.sha256 and record["patches"] == 1
+    (built / forkbuild.BUILD_RECORD).write_text(json.dumps(dict(record, sdist_sha256="0" * 64)))
+    forkbuild.build_tree(dest=built, upto=1)
+    assert not (built / "sentinel").exists()
+    assert "built from an sdist with sha256 " + "0" * 64 in capsys.readouterr().err
+
+
+def test_build_tree_without_a_record_is_rebuilt(built):
+    """A tree made before records were kept (or by hand) cannot be checked: it is rebuilt."""
+    (built / forkbuild.BUILD_RECORD).unlink()
+    forkbuild.build_tree(dest=built, upto=1)
+    assert not (built / "sentinel").exists() and (built / forkbuild.BUILD_RECORD).is_file()
+
+
+def test_reused_build_tree_still_verifies_trl_fork_sdist(built, tmp_path, monkeypatch, sdist):
+    """TRL_FORK_SDIST used to be ignored (not even read) when build/fork-tree was reused."""
+    corrupt = tmp_path / BASE.sdist
+    corrupt.write_bytes(sdist.read_bytes() + b"\0")
+    monkeypatch.setenv("TRL_FORK_SDIST", str(corrupt))
+    with pytest.raises(forkbuild.BuildError, match="refusing to build on an unverified base"):
+        forkbuild.build_tree(dest=built, upto=1)
+    monkeypatch.setenv("TRL_FORK_SDIST", str(tmp_path / "missing.tar.gz"))
+    with pytest.raises(forkbuild.BuildError, match="does not exist"):
+        forkbuild.build_tree(dest=built, upto=1)
+    monkeypatch.setenv("TRL_FORK_SDIST", str(sdist))  # the right file: the tree is reused
+    forkbuild.build_tree(dest=built, upto=1)
+    assert (built / "sentinel").exists()
+
+
 # ------------------------------------------------------------------------------------ builds from a clone
 
 
@@ -346,6 +415,30 @@ def test_pip_install_git_url_in_a_fresh_venv(clone, tmp_path):
     versions = json.loads(run([*pip[:-2], "list", "--format=json"], check=True).stdout)
     installed = {p["name"].lower(): p["version"] for p in versions}
     assert installed["transformers"].startswith("4.")  # the tested bound kept transformers 5.x out
+
+
+@pytest.mark.build
+def test_wheel_rebuilt_from_a_stale_build_tree(tmp_path, sdist):
+    """`pip install .` in a checkout with a build/fork-tree left from an earlier build: an edit there does not reach
+    the wheel, and a wrong TRL_FORK_SDIST fails the build instead of being ignored."""
+    clone = tmp_path / "trl-fork"
+    run(["git", "clone", "--quiet", "--no-local", str(ROOT), str(clone)], check=True)
+    wheel = [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-w"]
+    run([*wheel, str(tmp_path / "first"), str(clone)], env={"TRL_FORK_SDIST": str(sdist)}, check=True)
+    tree = clone / "build" / "fork-tree"
+    (tree / "trl" / "__init__.py").write_text((tree / "trl" / "__init__.py").read_text() + "STALE = True\n")
+
+    corrupt = tmp_path / BASE.sdist
+    corrupt.write_bytes(sdist.read_bytes() + b"\0")
+    failed = run([*wheel, str(tmp_path / "bad"), str(clone)], env={"TRL_FORK_SDIST": str(corrupt)})
+    assert failed.returncode != 0 and "refusing to build on an unverified base" in failed.stdout + failed.stderr
+    assert not list(tmp_path.glob("bad/*.whl"))
+
+    built = run([*wheel, str(tmp_path / "second"), str(clone), "-v"], env={"TRL_FORK_SDIST": str(sdist)}, check=True)
+    assert "files were changed there since it was built: trl/__init__.py" in built.stdout + built.stderr
+    (second,) = (tmp_path / "second").glob("trl-*.whl")
+    with zipfile.ZipFile(second) as archive:
+        assert b"STALE" not in archive.read("trl/__init__.py")
 
 
 def test_every_patch_is_one_reviewable_pr():
