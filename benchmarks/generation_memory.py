@@ -81,6 +81,12 @@ def parse_args(argv=None):
         help="gather budgets to run in keep-sharded mode, in %% of the model (budget 0 is the `disabled` variant); "
         "skipped when the `trl` benchmarked has no `gather_budget_mb`",
     )
+    parser.add_argument(
+        "--default-only",
+        action="store_true",
+        help="only the default mode, entered as TRL 0.16.1's callers enter it (no new argument), no timing: the "
+        "peak per rank while generating, for the do-no-harm memory gate (tests/golden/test_memory_gate.py)",
+    )
     parser.add_argument("--json", default=None, help="write the results to this file")
     return parser.parse_args(argv)
 
@@ -294,11 +300,13 @@ def _worker(rank, world_size, backend, port, a, out_dir):
     )
     result["resident_bytes"] = _param_storage_bytes(wrapped)
     variants = [("default", False, None), ("disabled", True, None)]
-    if "gather_budget_mb" in inspect.signature(unwrap_model_for_generation.__wrapped__).parameters:
+    if a.default_only:
+        variants = [("default", None, None)]
+    elif "gather_budget_mb" in inspect.signature(unwrap_model_for_generation.__wrapped__).parameters:
         variants += [(f"budget {p}%", True, p) for p in a.budgets]
     result["variants"] = [name for name, *_ in variants]
     for mode, disabled, budget_percent in variants:
-        kwargs = {"disable_unwrapping": disabled}
+        kwargs = {} if disabled is None else {"disable_unwrapping": disabled}
         if budget_percent is not None:
             kwargs["gather_budget_mb"] = budget_percent / 100 * 4 * full_numel / 2**20
 
@@ -317,7 +325,7 @@ def _worker(rank, world_size, backend, port, a, out_dir):
             "peak_bytes": sampler.peak,
             "matches_plain": bool(torch.equal(output, expected)),
             "resident_after_bytes": _param_storage_bytes(wrapped),
-            **interleaved(generate),
+            **({} if a.default_only else interleaved(generate)),
         }
     with open(os.path.join(out_dir, f"{backend}-rank{rank}.json"), "w") as f:
         json.dump(result, f)
@@ -401,6 +409,14 @@ def main(argv=None):
                     per_rank.append(json.load(f))
             results[backend] = per_rank
             print(f"[{backend}] done in {time.time() - start:.0f}s", flush=True)
+    if a.default_only:
+        for backend, per_rank in results.items():
+            peaks = ", ".join(f"rank {r['rank']} {_mib(r['default']['peak_bytes'])} MiB" for r in per_rank)
+            print(f"{backend:<16}default mode, peak while generating: {peaks}; trl from {per_rank[0]['trl']}")
+        if a.json:
+            with open(a.json, "w") as f:
+                json.dump({"args": vars(a), "results": results}, f, indent=1)
+        return 0
     rows, checks = summarize(results, a.ranks)
     r0 = next(iter(results.values()))[0]
     print(

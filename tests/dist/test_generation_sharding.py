@@ -19,7 +19,8 @@ Checks of a cell:
 
 - ``trains``:   both modes trained their steps on every rank, finite losses, each mode generated;
 - ``default``:  in the default mode, every layer is whole at every forward during generation (one full copy,
-                gathered once for the generation);
+                gathered once for the generation); FSDP2: as on 0.16.1, the layers other than the running one
+                stay sharded and the rank never holds the whole model (issue 25);
 - ``disabled``: with unwrapping disabled, at each forward the decoder layers other than the running one stay
                 sharded (at most 1/N + 10 % of their elements on the rank; ZeRO-3: not gathered), and the rank
                 never holds the whole model.
@@ -457,6 +458,12 @@ else:
         for r in ranks:
             for g in (g for g in r["generations"] if g["mode"] == "default" and g["calls"]):
                 where = f"rank {r['rank']}, step {g['step']}, default mode"
+                if backend == "fsdp2":
+                    # FSDP2's default mode is 0.16.1's: FSDP2's own hooks gather one module at a time (#25)
+                    problems += _idle_layer_problems(g, where, "not running")
+                    if g["total_max"] >= g["full_numel"]:
+                        problems.append(f"{where}: held {g['total_max']:,} of {g['full_numel']:,} in generate")
+                    continue
                 if g["layer_fraction_min"] < 1.0:
                     problems.append(
                         f"{where}: a decoder layer was sharded ({g['layer_fraction_min']:.0%}) in generate"

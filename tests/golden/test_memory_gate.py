@@ -1,0 +1,67 @@
+"""Do no harm, in memory: on default paths the fork generates within the memory TRL 0.16.1 generates in (issue 25).
+
+The golden gate compares numbers and the upstream suite behaviour; neither measures memory, and the fork once made
+FSDP2 generation gather the whole model for users who set nothing (0.16.1: one module at a time). This gate runs
+``benchmarks/generation_memory.py --default-only`` on the pristine base and on the fork (trees of ``tools/prove.py``)
+with the same tiny Qwen2 model on 2 gloo ranks: ``unwrap_model_for_generation(model, accelerator)`` entered as
+0.16.1's trainers enter it, then greedy ``generate()``. The probe samples, at every module's forward, the bytes of
+every storage holding parameter data (shards, gathered parameters, FSDP2 all-gather outputs).
+
+Per backend and rank: the fork's peak must not exceed the base's by more than ``SLACK`` and its tokens must equal the
+plain model's where the base's do. FSDP1 is not compared: 0.16.1 cannot generate under FSDP1 at all (``'weight' must
+be 2-D``, fixed by patch 0015), so there is no base figure.
+
+    pytest -m golden tests/golden/test_memory_gate.py      # part of `make golden`
+"""
+
+import json
+import subprocess
+import sys
+
+import pytest
+from golden_runs import tree_paths
+from harness.launcher import REPO_ROOT
+
+
+pytestmark = [pytest.mark.golden, pytest.mark.slow, pytest.mark.dist]
+
+BENCHMARK = REPO_ROOT / "benchmarks" / "generation_memory.py"
+# FSDP2 (0.16.1: FSDP2's own hooks, one module at a time) and ZeRO-3 with DeepSpeed releasing each module after its
+# forward (0.16.1: the whole model gathered once for generation)
+BACKENDS = ("fsdp2", "zero3-release")
+MODEL = ["--layers", "4", "--hidden", "256", "--intermediate", "768", "--heads", "4", "--vocab", "8000"]
+GENERATION = ["--batch", "1", "--prompt", "8", "--new-tokens", "4"]
+SLACK = 1.02  # the fork may hold at most 2 % more than the base at its peak
+TIMEOUT = 900
+
+
+@pytest.fixture(scope="module")
+def peaks(tmp_path_factory):
+    """``{tree: {backend: [per-rank result]}}`` for the base and the fork."""
+    out = {}
+    for tree, path in tree_paths().items():
+        json_path = tmp_path_factory.mktemp(f"memory-{tree}") / "result.json"
+        command = [sys.executable, str(BENCHMARK), "--trl", str(path), "--backends", ",".join(BACKENDS)]
+        command += ["--default-only", *MODEL, *GENERATION, "--json", str(json_path)]
+        done = subprocess.run(command, capture_output=True, text=True, timeout=TIMEOUT, cwd=REPO_ROOT)
+        assert done.returncode == 0, f"{tree}: benchmark failed\n{done.stdout[-3000:]}\n{done.stderr[-6000:]}"
+        print(done.stdout)
+        out[tree] = json.loads(json_path.read_text())["results"]
+    return out
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_default_path_generation_memory(peaks, backend):
+    base, fork = peaks["base"][backend], peaks["fork"][backend]
+    assert len(base) == len(fork) == 2
+    for b, f in zip(base, fork):
+        where = f"{backend}, rank {b['rank']}"
+        assert b["full_bytes"] == f["full_bytes"], where
+        # a probe that saw nothing would make the comparison meaningless
+        assert 0 < b["default"]["peak_bytes"] and 0 < f["default"]["peak_bytes"], where
+        assert f["default"]["peak_bytes"] <= b["default"]["peak_bytes"] * SLACK, (
+            f"{where}: the fork's default mode peaks at {f['default']['peak_bytes']:,} bytes of parameters while "
+            f"generating, TRL 0.16.1 at {b['default']['peak_bytes']:,} (full model: {b['full_bytes']:,})"
+        )
+        assert f["default"]["matches_plain"] or not b["default"]["matches_plain"], where
+        assert f["resident_bytes"] == b["resident_bytes"], where
