@@ -555,10 +555,11 @@ def stale_build(tree: Path, base: Base, expected_fingerprint: str) -> str | None
     head = git(tree, "rev-parse", "HEAD", check=False).stdout.strip()
     if head != record.get("head"):
         return f"its commits changed since it was built (HEAD {head or 'unreadable'}, built at {record.get('head')})"
-    edited = git(tree, "status", "--porcelain", "--untracked-files=no", check=False)
-    if edited.returncode != 0 or edited.stdout.strip():
-        files = [line[3:] for line in edited.stdout.splitlines()][:5] or ["git status failed"]
-        return f"files were changed there since it was built: {', '.join(files)}"
+    status = git(tree, "status", "--porcelain", "--untracked-files=no", check=False)
+    # setuptools rewrites the sdist's trl.egg-info/ in the tree at every build: a build product, not an edit
+    edited = [line[3:] for line in status.stdout.splitlines() if not re.match(r"[^/]+\.egg-info/", line[3:])]
+    if status.returncode != 0 or edited:
+        return f"files were changed there since it was built: {', '.join(edited[:5]) or 'git status failed'}"
     return None
 
 

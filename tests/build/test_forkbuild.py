@@ -304,6 +304,13 @@ def test_build_tree_with_an_edited_file_is_rebuilt(built, capsys):
     assert "files were changed there since it was built: trl/__init__.py" in capsys.readouterr().err
 
 
+def test_build_tree_ignores_the_egg_info_a_build_rewrites(built):
+    pkg_info = built / "trl.egg-info" / "PKG-INFO"
+    pkg_info.write_text(pkg_info.read_text() + "Written-By: setuptools\n")
+    forkbuild.build_tree(dest=built, upto=1)
+    assert (built / "sentinel").exists()
+
+
 def test_build_tree_with_other_commits_is_rebuilt(built):
     (built / "trl" / "extra.py").write_text("x = 1\n")
     forkbuild.git(built, "add", "trl/extra.py")
@@ -439,6 +446,9 @@ def test_wheel_rebuilt_from_a_stale_build_tree(tmp_path, sdist):
     (second,) = (tmp_path / "second").glob("trl-*.whl")
     with zipfile.ZipFile(second) as archive:
         assert b"STALE" not in archive.read("trl/__init__.py")
+    # nothing changed since: reused (the build's own rewrite of trl.egg-info/ in the tree is no edit)
+    again = run([*wheel, str(tmp_path / "third"), str(clone), "-v"], env={"TRL_FORK_SDIST": str(sdist)}, check=True)
+    assert f"reusing {tree}" in again.stderr + again.stdout and "rebuilding" not in again.stderr + again.stdout
 
 
 def test_every_patch_is_one_reviewable_pr():
