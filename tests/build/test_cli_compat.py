@@ -127,3 +127,17 @@ def test_the_fork_only_adds_its_documented_options(options):
     }
     assert added <= expected, sorted(added - expected)
     assert "--no_ds3_gather_for_generation" in fork["GRPOConfig"]
+
+
+def test_readme_lists_every_option_the_fork_adds(options):
+    """README's "If you opt into nothing" names every option the fork adds (it once left out
+    generation_gather_budget_mb); `--no_x` and dashed spellings count as `x`."""
+    base, fork = options
+    added = {option for parser, opts in fork.items() for option in opts if option not in base.get(parser, {})}
+    names = {option.lstrip("-").replace("-", "_") for option in added}
+    names = {name[3:] if name.startswith("no_") and name[3:] in names else name for name in names}
+    readme = (ROOT / "README.md").read_text()
+    section = readme.split("## If you opt into nothing", 1)[1].split("\n## ", 1)[0]
+    section = " ".join(section.split())  # the list wraps over lines
+    missing = sorted(name for name in names if f"`{name}`" not in section and f"--{name}`" not in section)
+    assert not missing, f"README 'If you opt into nothing' does not name: {missing}"
