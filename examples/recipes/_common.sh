@@ -51,6 +51,6 @@ run() {  # run [VAR=value...] COMMAND ARGS...: prints the command with those var
     local assignments=()  # RECIPE_DRY_RUN=1: prints it only; a copy of the printed line runs the same
     while [[ $# -gt 0 && "$1" =~ ^[A-Za-z_][A-Za-z0-9_]*= ]]; do assignments+=("$1"); shift; done
     [ $# -gt 0 ] || { echo "error: run: no command after ${assignments[*]}" >&2; return 2; }
-    echo "+ $(command_line "${assignments[@]}" "$@")" >&2
-    if [ -z "${RECIPE_DRY_RUN:-}" ]; then env "${assignments[@]}" "$@"; fi
+    echo "+ $(command_line ${assignments[@]+"${assignments[@]}"} "$@")" >&2
+    if [ -z "${RECIPE_DRY_RUN:-}" ]; then env ${assignments[@]+"${assignments[@]}"} "$@"; fi
 }

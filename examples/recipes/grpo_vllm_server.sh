@@ -53,6 +53,6 @@ run CUDA_VISIBLE_DEVICES="$train_gpus" "$ACCELERATE" launch \
     --model_name_or_path "$MODEL" --reward_model_name_or_path "$REWARD_MODEL" --dataset_name "$DATASET" \
     --use_vllm --vllm_server_host localhost --vllm_server_port "$VLLM_PORT" \
     --vllm_sync_bucket_size_mb "$VLLM_SYNC_MB" `# bound on weights gathered at once for the sync` \
-    "${lora[@]}" --beta 0.04 --per_device_train_batch_size 8 --num_generations 8 --max_prompt_length 512 \
+    ${lora[@]+"${lora[@]}"} --beta 0.04 --per_device_train_batch_size 8 --num_generations 8 --max_prompt_length 512 \
     --max_completion_length 256 --learning_rate 1e-6 --bf16 --gradient_checkpointing --logging_steps 10 \
     --log_level info --output_dir "$OUTPUT_DIR" "$@"
