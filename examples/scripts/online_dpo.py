@@ -64,9 +64,8 @@ def main(script_args, training_args, model_args):
             "reward_model": AutoModelForSequenceClassification.from_pretrained(path, num_labels=1, **kwargs),
             "reward_processing_class": AutoTokenizer.from_pretrained(path, truncation=True, **kwargs),
         }
+    # No reference model: the trainer copies the policy, or under ZeRO-3 loads it again from its checkpoint (#25)
     peft_config = get_peft_config(model_args)
-    if peft_config is None:  # a reference model of its own (ZeRO-3 refuses to copy a partitioned model)
-        extra["ref_model"] = AutoModelForCausalLM.from_pretrained(model_args.model_name_or_path, **kwargs)
     dataset = load_dataset(script_args.dataset_name, name=script_args.dataset_config)
     trainer = OnlineDPOTrainer(
         model=model,

@@ -162,7 +162,9 @@ def build_trainer(kind, backend, manifest, out_dir, steps, rec):
             if kind == "online_dpo_judge"
             else {"reward_model": load_reward(), "reward_processing_class": tokenizer}
         )
-        if backend == "zero3":  # OnlineDPOTrainer refuses create_reference_model() under ZeRO-3 and asks for this
+        # TRL 0.16.1 refuses create_reference_model() under ZeRO-3 (patch 0034 loads the checkpoint again instead);
+        # the cell passes its own reference model so that base and fork build the same trainer
+        if backend == "zero3":
             extra["ref_model"] = load_policy()
         trainer = OnlineDPOTrainer(
             model=load_policy(),
