@@ -61,6 +61,8 @@ CASES = [
      [r"reward model: partitioned by ZeRO-3 over 2 ranks on cpu"]),
     ("rloo-zero3", "sharded_frozen_models", "zero3", {"TRAINER": "rloo", "BACKEND": "zero3"}, ON_POLICY_CPU,
      [r"reward model: partitioned by ZeRO-3 over 2 ranks on cpu", r"reference model: partitioned by ZeRO-3"]),
+    ("ppo-zero3", "sharded_frozen_models", "zero3", {"TRAINER": "ppo", "BACKEND": "zero3"}, ON_POLICY_CPU,
+     [r"reward model: partitioned by ZeRO-3 over 2 ranks on cpu", r"reference model: partitioned by ZeRO-3"]),
     ("ppo-fsdp2", "sharded_frozen_models", "fsdp2", {"TRAINER": "ppo", "BACKEND": "fsdp2"}, ON_POLICY_CPU,
      [r"reference model: sharded by FSDP2 over 2 ranks on cpu, this rank holds 5\d%",
       r"reward model: sharded by FSDP2 over 2 ranks on cpu, this rank holds 5\d%"]),
