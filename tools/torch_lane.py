@@ -82,10 +82,6 @@ NOT_IN_LANE = {
     r"test_forkbuild\.py::test_wheel_rebuilt_from_a_stale_build_tree$": (
         "builds a wheel with the lane venv's pip, which has no `wheel` package (bdist_wheel); `make test` runs it"
     ),
-    r"test_vllm_weight_sync\.py::SyncFailureTester::test_failure_inside_the_stream_on_the_main_process": (
-        "exceeded its 120 s limit under torch 2.6 in the fresh-clone CI run (not diagnosed yet, #25); `make test` "
-        "runs it on torch 2.13"
-    ),
 }
 
 
