@@ -3,15 +3,33 @@ SHELL := /bin/bash
 .SHELLFLAGS := -o pipefail -ec
 
 PYTHON ?= python3
+# The line: which pinned TRL release the targets work on. 0.16.1 is the repository root; the others are projects in
+# lines/<version>/ with their own setup.py, patches/, trl-src/, build/ and .venv/ (README "Which line").
+LINE ?= 0.16.1
+ifeq ($(LINE),0.16.1)
+PROJECT := .
 VENV ?= .venv
+EXTRAS ?= test,deepspeed,peft,scikit
+LINE_TESTS := tests
+RUFF ?= ruff==0.9.10
+else
+PROJECT := lines/$(LINE)
+VENV ?= $(PROJECT)/.venv
+EXTRAS ?= test,deepspeed,peft
+LINE_TESTS := $(PROJECT)/tests
+# the ruff release whose rules TRL 1.16.0's own tree passes (its pyproject selects rules explicitly)
+RUFF ?= ruff==0.16.10
+endif
+ifeq ($(wildcard $(PROJECT)/patches/base.json),)
+$(error LINE=$(LINE): no such line (the lines: $(shell $(PYTHON) tools/forkbuild.py lines | cut -f1 | tr '\n' ' ')))
+endif
 PY := $(VENV)/bin/python
 # CPU build of torch; on a GPU machine pass the build you need, e.g. TORCH="torch==2.6.0".
 TORCH ?= torch==2.13.0
-EXTRAS ?= test,deepspeed,peft,scikit
-RUFF ?= ruff==0.9.10
-TREE ?= trl-src
-BASE_TAG := v$(shell $(PYTHON) -c "import json; print(json.load(open('patches/base.json'))['version'])")
-OUR_CODE := setup.py tools tests examples benchmarks
+TREE ?= $(PROJECT)/trl-src
+FORKBUILD := $(PYTHON) tools/forkbuild.py --line $(LINE)
+BASE_TAG := v$(LINE)
+OUR_CODE := setup.py tools tests examples benchmarks $(wildcard lines/*/setup.py lines/*/tests)
 PYTEST_ARGS ?=
 
 export HF_HUB_OFFLINE := 1
@@ -26,48 +44,48 @@ export PIP_DISABLE_PIP_VERSION_CHECK := 1
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed -E 's/:.*## /\t/' | expand -t 18
 
-install:  ## install the fork (non-editable) into the active Python: $(PYTHON) -m pip install .
-	$(PYTHON) -m pip install ".[deepspeed,peft]"
+install:  ## install the line (non-editable) into the active Python: $(PYTHON) -m pip install $(PROJECT)
+	$(PYTHON) -m pip install "$(PROJECT)[deepspeed,peft]"
 
-$(VENV)/.installed: setup.py pyproject.toml
+$(VENV)/.installed: $(PROJECT)/setup.py $(PROJECT)/pyproject.toml tools/forksetup.py
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet "$(TORCH)"
-	$(PY) -m pip install --quiet --editable ".[$(EXTRAS)]" "$(RUFF)"
+	$(PY) -m pip install --quiet --editable "$(PROJECT)[$(EXTRAS)]" "$(RUFF)"
 	touch $@
 
 dev: $(VENV)/.installed  ## create $(VENV) with torch, test tools and an editable install on trl-src/
 
 materialize:  ## build trl-src/ as a git repo: base (tagged) + one commit per patch (FORCE=1 replaces it)
-	$(PYTHON) tools/forkbuild.py materialize --dest $(TREE) $(if $(FORCE),--force)
+	$(FORKBUILD) materialize --dest $(TREE) $(if $(FORCE),--force)
 
 export:  ## regenerate patches/ and patches/series from the commits in trl-src/
-	$(PYTHON) tools/forkbuild.py export --src $(TREE)
+	$(FORKBUILD) export --src $(TREE)
 
 check-roundtrip:  ## materialize + export must leave patches/ byte-identical
-	$(PYTHON) tools/forkbuild.py check-roundtrip
+	$(FORKBUILD) check-roundtrip
 
-check-tracked:  ## fail if git tracks any upstream TRL source
+check-tracked:  ## fail if git tracks any upstream TRL source (of any line)
 	$(PYTHON) tools/forkbuild.py check-tracked
 
 pr-branches:  ## make pr/NNNN-* (base + one patch) and pr-stack/NNNN-* branches in trl-src/
-	$(PYTHON) tools/forkbuild.py pr-branches --src $(TREE)
+	$(FORKBUILD) pr-branches --src $(TREE)
 
 info:  ## show the base and the series
-	$(PYTHON) tools/forkbuild.py info
+	$(FORKBUILD) info
 
 test: dev  ## the test suite: our tests, the patches' own tests, the fast distributed cells
-	$(PY) -m pytest -m "not slow and not gpu" tests $$($(PY) tools/forkbuild.py patch-tests --tree $(TREE)) $(PYTEST_ARGS)
+	$(PY) -m pytest -m "not slow and not gpu" $(LINE_TESTS) $$($(PY) tools/forkbuild.py --line $(LINE) patch-tests --tree $(TREE)) $(PYTEST_ARGS)
 
 DIST_MARK ?= dist and not gpu
 test-dist: dev  ## every multi-process CPU test: the whole backend matrix (DIST_MARK narrows it)
-	$(PY) -m pytest -m "$(DIST_MARK)" tests/dist $(PYTEST_ARGS)
+	$(PY) -m pytest -m "$(DIST_MARK)" $(LINE_TESTS)/dist $(PYTEST_ARGS)
 
 test-slow: dev  ## the slow tests that launch no distributed job (fresh-venv `pip install git+...`)
-	$(PY) -m pytest -m "slow and not dist and not gpu" tests $(PYTEST_ARGS)
+	$(PY) -m pytest -m "slow and not dist and not gpu" $(LINE_TESTS) $(PYTEST_ARGS)
 
 test-gpu: dev  ## the GPU cells (needs CUDA)
-	$(PY) -m pytest -m gpu tests $$($(PY) tools/forkbuild.py patch-tests --tree $(TREE)) $(PYTEST_ARGS)
+	$(PY) -m pytest -m gpu $(LINE_TESTS) $$($(PY) tools/forkbuild.py --line $(LINE) patch-tests --tree $(TREE)) $(PYTEST_ARGS)
 
 RECIPES_REPORT ?= docs/recipes_gpu.md
 recipes-gpu: dev  ## every recipe on this machine's GPUs, 5 steps each; time per step and peak memory -> RECIPES_REPORT
@@ -75,27 +93,28 @@ recipes-gpu: dev  ## every recipe on this machine's GPUs, 5 steps each; time per
 	RECIPES_REPORT=$(RECIPES_REPORT) $(PY) -m pytest -m gpu tests/recipes $(PYTEST_ARGS)
 
 test-all: dev  ## everything but the GPU cells
-	$(PY) -m pytest -m "not gpu" tests $$($(PY) tools/forkbuild.py patch-tests --tree $(TREE)) $(PYTEST_ARGS)
+	$(PY) -m pytest -m "not gpu" $(LINE_TESTS) $$($(PY) tools/forkbuild.py --line $(LINE) patch-tests --tree $(TREE)) $(PYTEST_ARGS)
 
 demo: dev  ## GRPO through `trl grpo` on a tiny local model, 2 CPU processes, with a reference model
 	$(PY) examples/demo/run_demo.py $(DEMO_ARGS)
 
 prove: dev  ## each patch's tests on the series before it (must fail) and with it (must pass); prints a table
-	$(PY) tools/prove.py table $(PROVE_ARGS)
+	$(PY) tools/prove.py --line $(LINE) table $(PROVE_ARGS)
 
-quality: dev  ## ruff on our code, and on the files the patches touch (upstream's settings)
+quality: dev  ## ruff on our code (with the 0.16.1 line's venv), and on the files the line's patches touch (upstream's settings)
+ifeq ($(LINE),0.16.1)
 	$(PY) -m ruff check $(OUR_CODE)
 	$(PY) -m ruff format --check $(OUR_CODE)
+endif
 	files=$$(git -C $(TREE) diff --name-only --diff-filter=d $(BASE_TAG) -- '*.py'); \
-	if [ -n "$$files" ]; then cd $(TREE) && ../$(PY) -m ruff check $$files && ../$(PY) -m ruff format --check $$files; fi
+	if [ -n "$$files" ]; then cd $(TREE) && $(CURDIR)/$(PY) -m ruff check $$files && $(CURDIR)/$(PY) -m ruff format --check $$files; fi
 
 style: dev  ## apply ruff fixes and formatting to our code
 	$(PY) -m ruff check --fix $(OUR_CODE)
 	$(PY) -m ruff format $(OUR_CODE)
 
-ci: dev check-tracked check-roundtrip quality test  ## what .ci/run runs (it also runs the slow matrix cells)
-	$(MAKE) test-dist DIST_MARK="dist and slow and not gpu"
-	$(MAKE) test-slow prove upstream-suite golden test-torch26
+ci:  ## what CI runs, both lines: .ci/run
+	bash .ci/run
 
 clean:  ## remove build products (keeps trl-src/ and $(VENV))
 	rm -rf build dist *.egg-info .pytest_cache
@@ -123,8 +142,8 @@ test-torch26: venv-torch26  ## the torch 2.6.0 lane: build tests, patch tests, D
 # Golden equivalence (#13): with no fork option set, the fork's per-step logged values and trained weights equal
 # TRL 0.16.1's bit for bit (tests/golden, docs/golden_equivalence.md). Not part of `make test` (marked slow + dist).
 .PHONY: golden
-golden: dev  ## fork vs pristine 0.16.1 on default paths (8 trainers, 1 process and 2-rank DDP), bit for bit
-	$(PY) -m pytest -m golden tests/golden $(PYTEST_ARGS)
+golden: dev  ## fork vs the line's pristine base on default paths (1 process and 2-rank DDP), bit for bit
+	$(PY) -m pytest -m golden $(LINE_TESTS)/golden $(PYTEST_ARGS)
 
 # TRL 0.16.1's own test suite (#13): the sdist's tests/ on the pristine base and on the fork, offline (tiny models
 # and a synthetic zen dataset mapped in by tests/upstream/upstream_offline.py); fails when a test passing on the

@@ -29,6 +29,11 @@ from pathlib import Path
 
 
 ROOT = Path(__file__).resolve().parent.parent
+# The fork's lines: one per pinned TRL release. The repository root is the 0.16.1 line (so that the bare
+# `pip install git+<repo>` keeps meaning what it meant); every later line lives in lines/<version>/. Each line is an
+# installable project of its own: setup.py, patches/ (base.json + series), and its build products next to them.
+DEFAULT_LINE = "0.16.1"
+LINES_DIR = ROOT / "lines"
 PATCHES_DIR = ROOT / "patches"
 DEV_TREE = ROOT / "trl-src"
 BUILD_TREE = ROOT / "build" / "fork-tree"
@@ -127,6 +132,46 @@ def fingerprint(patches_dir: Path = PATCHES_DIR, series: list[str] | None = None
 
 def fork_version(base: Base, n_patches: int) -> str:
     return f"{base.version}+fork.{n_patches}"
+
+
+@dataclass(frozen=True)
+class Line:
+    """One line of the fork: a pinned TRL release, its series and where its build products go."""
+
+    name: str
+    project: Path  # the directory holding the line's setup.py and patches/
+
+    @property
+    def patches(self) -> Path:
+        return self.project / "patches"
+
+    @property
+    def dev_tree(self) -> Path:
+        return self.project / "trl-src"
+
+    @property
+    def build_dir(self) -> Path:
+        return self.project / "build"
+
+    @property
+    def build_tree(self) -> Path:
+        return self.build_dir / "fork-tree"
+
+
+def known_lines() -> list[str]:
+    found = [path.parent.parent.name for path in LINES_DIR.glob("*/patches/base.json")] if LINES_DIR.is_dir() else []
+    return [DEFAULT_LINE, *sorted(found, key=lambda name: [int(x) for x in re.findall(r"\d+", name)])]
+
+
+def get_line(name: str | None = None) -> Line:
+    """The line named ``name`` (a TRL version: ``0.16.1``, ``1.16.0``); None is the default line."""
+    name = name or DEFAULT_LINE
+    if name == DEFAULT_LINE:
+        return Line(name, ROOT)
+    project = LINES_DIR / name
+    if not (project / "patches" / "base.json").is_file():
+        raise BuildError(f"no line {name!r}: the lines are {', '.join(known_lines())}")
+    return Line(name, project)
 
 
 # ------------------------------------------------------------------------------------------------- the sdist
@@ -575,7 +620,24 @@ def dev_tree(patches_dir: Path = PATCHES_DIR, dest: Path = DEV_TREE) -> Path:
 
 
 def upstream_metadata(tree: Path) -> dict:
-    """``__version__``, ``REQUIRED_PKGS`` and ``EXTRAS`` as the (patched) upstream ``setup.py`` declares them."""
+    """``__version__``, ``REQUIRED_PKGS`` and ``EXTRAS`` as the (patched) upstream tree declares them: as literals of
+    its ``setup.py`` (TRL 0.x), or in ``pyproject.toml``'s ``[project]`` table with the version in ``VERSION`` (1.x)."""
+    if not (tree / "pyproject.toml").is_file() or "[project]" not in (tree / "pyproject.toml").read_text():
+        return _setup_py_metadata(tree)
+    import tomllib  # Python 3.11+, which every line with a [project] table requires
+
+    project = tomllib.loads((tree / "pyproject.toml").read_text())["project"]
+    try:
+        return {
+            "__version__": (tree / "VERSION").read_text().strip(),
+            "REQUIRED_PKGS": list(project["dependencies"]),
+            "EXTRAS": {key: list(reqs) for key, reqs in project.get("optional-dependencies", {}).items()},
+        }
+    except (OSError, KeyError) as exc:
+        raise BuildError(f"{tree}: cannot read the version or dependencies of the base: {exc}") from exc
+
+
+def _setup_py_metadata(tree: Path) -> dict:
     module = ast.parse((tree / "setup.py").read_text())
     found = {}
     for node in module.body:
@@ -620,33 +682,33 @@ def patch_test_names(patch_file: Path) -> dict[str, list[str]]:
     return names
 
 
-def tracked_upstream_files(repo: Path = ROOT, patches_dir: Path = PATCHES_DIR) -> list[str]:
-    """Tracked files that are upstream source: a file of the sdist (by content or path), or, outside ``patches/``,
-    anything carrying upstream's copyright header (a copied file, or a diff of upstream code kept elsewhere)."""
-    base = load_base(patches_dir)
-    sdist = fetch_sdist(base)
+def tracked_upstream_files(repo: Path = ROOT, patches_dirs: list[Path] | None = None) -> list[str]:
+    """Tracked files that are upstream source: a file of a line's sdist (by content or path), or, outside the lines'
+    ``patches/``, anything carrying upstream's copyright header (a copied file, or a diff of upstream code kept
+    elsewhere). Every line's base is checked unless ``patches_dirs`` names some."""
+    if patches_dirs is None:
+        patches_dirs = [get_line(name).patches for name in known_lines()]
     upstream_hashes, upstream_paths = set(), set()
-    with tarfile.open(sdist) as archive:
-        for member in archive.getmembers():
-            if member.isfile():
-                data = archive.extractfile(member).read()
-                if len(data.strip()) > 200:  # ignore trivial files (empty __init__.py, one-line configs)
-                    upstream_hashes.add(hashlib.sha256(data).hexdigest())
-                upstream_paths.add(member.name.split("/", 1)[1])
+    for patches_dir in patches_dirs:
+        with tarfile.open(fetch_sdist(load_base(patches_dir))) as archive:
+            for member in archive.getmembers():
+                if member.isfile():
+                    data = archive.extractfile(member).read()
+                    if len(data.strip()) > 200:  # ignore trivial files (empty __init__.py, one-line configs)
+                        upstream_hashes.add(hashlib.sha256(data).hexdigest())
+                    upstream_paths.add(member.name.split("/", 1)[1])
+    in_patches = re.compile(r"^(lines/[^/]+/)?patches/")
     upstream_header = re.compile(r"Copyright \d{4} The HuggingFace Team")
     offenders = []
     tracked = subprocess.run(["git", "-C", str(repo), "ls-files", "-z"], capture_output=True, check=True).stdout
     for rel in filter(None, tracked.decode().split("\0")):
         path = repo / rel
-        if rel.startswith("trl/") or (rel in upstream_paths and rel.startswith("tests/")):
+        line_rel = re.sub(r"^lines/[^/]+/", "", rel)  # a path inside a line's project, as in the sdist
+        if line_rel.startswith("trl/") or (line_rel in upstream_paths and line_rel.startswith("tests/")):
             offenders.append(rel)
         elif path.is_file() and hashlib.sha256(path.read_bytes()).hexdigest() in upstream_hashes:
             offenders.append(rel)
-        elif (
-            not rel.startswith("patches/")
-            and path.is_file()
-            and upstream_header.search(path.read_text(errors="replace"))
-        ):
+        elif not in_patches.match(rel) and path.is_file() and upstream_header.search(path.read_text(errors="replace")):
             offenders.append(rel)  # upstream code (or a diff of it) outside patches/
     return offenders
 
@@ -656,25 +718,32 @@ def tracked_upstream_files(repo: Path = ROOT, patches_dir: Path = PATCHES_DIR) -
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="forkbuild", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--patches", type=Path, default=PATCHES_DIR, help="patches directory (default: %(default)s)")
+    parser.add_argument("--line", default=DEFAULT_LINE, help="the line: a pinned TRL version (default: %(default)s)")
+    parser.add_argument("--patches", type=Path, default=None, help="patches directory (default: the line's)")
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("fetch", help="fetch and verify the base sdist; print its path")
     p = sub.add_parser("materialize", help="build the edited tree as a git repository")
-    p.add_argument("--dest", type=Path, default=DEV_TREE)
+    p.add_argument("--dest", type=Path, default=None, help="default: the line's trl-src/")
     p.add_argument("--upto", type=int, default=None, help="apply only the first N patches (0: pristine base)")
     p.add_argument("--force", action="store_true", help="replace an existing tree (discards its edits)")
     p = sub.add_parser("export", help="regenerate patches/ and patches/series from a materialized tree")
-    p.add_argument("--src", type=Path, default=DEV_TREE)
+    p.add_argument("--src", type=Path, default=None, help="default: the line's trl-src/")
     sub.add_parser("check-roundtrip", help="materialize + export must leave patches/ byte-identical")
     p = sub.add_parser("pr-branches", help="create pr/* and pr-stack/* branches in a materialized tree")
-    p.add_argument("--src", type=Path, default=DEV_TREE)
-    sub.add_parser("check-tracked", help="fail if git tracks upstream TRL source")
+    p.add_argument("--src", type=Path, default=None, help="default: the line's trl-src/")
+    sub.add_parser("check-tracked", help="fail if git tracks upstream TRL source (of any line)")
     p = sub.add_parser("patch-tests", help="print the test files the patches add, inside a tree")
-    p.add_argument("--tree", type=Path, default=DEV_TREE)
+    p.add_argument("--tree", type=Path, default=None, help="default: the line's trl-src/")
     sub.add_parser("info", help="print the base and the series")
+    sub.add_parser("lines", help="print the lines and where each lives")
     args = parser.parse_args(argv)
 
     try:
+        line = get_line(args.line)
+        args.patches = args.patches or line.patches
+        for name in ("dest", "src", "tree"):
+            if hasattr(args, name) and getattr(args, name) is None:
+                setattr(args, name, line.dev_tree)
         if args.command == "fetch":
             print(fetch_sdist(load_base(args.patches)))
         elif args.command == "materialize":
@@ -688,10 +757,16 @@ def main(argv: list[str] | None = None) -> int:
             check_roundtrip(args.patches)
             log("round trip OK: materialize + export leaves patches/ byte-identical")
         elif args.command == "pr-branches":
-            for line in pr_branches(args.src, patches_dir=args.patches):
-                print(line)
+            descriptions = PR_DESCRIPTIONS if line.name == DEFAULT_LINE else line.build_dir / "pr"
+            for text in pr_branches(args.src, patches_dir=args.patches, descriptions=descriptions):
+                print(text)
+        elif args.command == "lines":
+            for name in known_lines():
+                found = get_line(name)
+                where = found.project.relative_to(ROOT).as_posix() if found.project != ROOT else "."
+                print(f"{name}\t{where}\t{fork_version(load_base(found.patches), len(read_series(found.patches)))}")
         elif args.command == "check-tracked":
-            offenders = tracked_upstream_files(ROOT, args.patches)
+            offenders = tracked_upstream_files(ROOT)
             if offenders:
                 raise BuildError(f"git tracks upstream TRL source: {', '.join(offenders)}")
             log("OK: git tracks no upstream TRL source")

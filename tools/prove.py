@@ -4,6 +4,8 @@
     python tools/prove.py run --tree fork -- tests/dist -k grpo    # the same, on base + the whole series
     python tools/prove.py run --tree 3 -- ...                      # base + the first 3 patches
     python tools/prove.py table [--matrix]                         # every patch: its tests before and after
+    python tools/prove.py --line 1.16.0 table                      # the same for another line of the fork
+    python tools/prove.py table --skip-if-proven                   # CI: skip when the record says it was proven
 
 Trees are materialized from ``patches/`` into ``build/trees/`` (rebuilt when the series changes) and selected
 with ``PYTHONPATH``, which also reaches the workers that ``accelerate launch`` starts; the installed ``trl`` is
@@ -13,12 +15,21 @@ for the first), where at least one must fail (that run stops at the first failur
 patch, where all must pass.
 ``--matrix`` also runs the distributed matrix (``tests/dist``) on the pristine base and on the whole series and
 lists the cells that flip.
+
+A table that proves every patch records the proven state in the line's ``patches/proven.json``: a hash of what the
+proof depends on (the pinned base, the series and every patch with its tests, the line's dependency bounds, and
+the revisions of the way trees are built and patches proven). Commit it with the patches. ``--skip-if-proven`` (CI) skips the proof when the current state hashes
+to the recorded one, byte for byte, and runs it in full otherwise: any change to a patch is always proven again.
 """
 
 from __future__ import annotations
 
 import argparse
+import datetime
+import hashlib
+import json
 import os
+import platform
 import subprocess
 import sys
 import tempfile
@@ -32,21 +43,63 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import forkbuild  # noqa: E402
 
 
-TREES = forkbuild.ROOT / "build" / "trees"
+LINE = forkbuild.get_line()  # set by --line
 
 
-def tree_for(selector: str) -> Path:
-    """``base`` (pristine, no fork info), ``fork`` (whole series) or a number of patches."""
-    series = forkbuild.read_series()
+def tree_for(selector: str, line: forkbuild.Line | None = None) -> Path:
+    """``base`` (pristine, no fork info), ``fork`` (whole series) or a number of patches, of ``line`` (default: the
+    line given with ``--line``)."""
+    line = line or LINE
+    series = forkbuild.read_series(line.patches)
     upto = {"base": 0, "fork": len(series)}.get(selector)
     if upto is None:
         upto = int(selector)
         if not 0 <= upto <= len(series):
             raise SystemExit(f"error: --tree {selector}: the series has {len(series)} patches")
-    return forkbuild.build_tree(dest=TREES / ("base" if upto == 0 else f"upto-{upto:04d}"), upto=upto)
+    trees = line.build_dir / "trees"
+    return forkbuild.build_tree(line.patches, trees / ("base" if upto == 0 else f"upto-{upto:04d}"), upto=upto)
 
 
-LOGS = forkbuild.ROOT / "build" / "prove-logs"
+def logs_dir() -> Path:
+    return LINE.build_dir / "prove-logs"
+
+
+PROVEN = "proven.json"
+PROOF_REVISION = "1"
+
+
+def proof_state() -> str:
+    """A hash of everything the proof of the line depends on: the pinned base, the series, every patch (its tests
+    are inside it), the line's setup.py (dependency bounds) and the revision of the way trees are built
+    (``forkbuild.TOOL_REVISION``). Bump ``PROOF_REVISION`` when the way patches are proven changes."""
+    digest = hashlib.sha256(f"{forkbuild.TOOL_REVISION}/{PROOF_REVISION}".encode())
+    files = [LINE.patches / "base.json", LINE.patches / "series"]
+    files += [LINE.patches / name for name in forkbuild.read_series(LINE.patches)]
+    files += [LINE.project / "setup.py"]
+    for path in files:
+        digest.update(path.relative_to(forkbuild.ROOT).as_posix().encode() + b"\0")
+        digest.update(path.read_bytes() + b"\0")
+    return digest.hexdigest()
+
+
+def recorded_proof() -> dict:
+    path = LINE.patches / PROVEN
+    return json.loads(path.read_text()) if path.is_file() else {}
+
+
+def record_proof(seconds: float, n_patches: int) -> None:
+    import torch
+
+    record = {
+        "state": proof_state(),
+        "patches": n_patches,
+        "proven_on": datetime.date.today().isoformat(),
+        "seconds": round(seconds),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+    }
+    (LINE.patches / PROVEN).write_text(json.dumps(record, indent=1) + "\n")
+    print(f"recorded the proven state in {(LINE.patches / PROVEN).relative_to(forkbuild.ROOT)}: commit it")
 
 
 def run_pytest(tree: Path, args: list[str], junit: Path | None = None, log: Path | None = None) -> int:
@@ -116,14 +169,26 @@ def measure(tree: Path, args: list[str], log: Path, expect_failures: bool = Fals
     return outcome
 
 
-def table(matrix: bool, extra: list[str], against_base: bool = False) -> int:
-    series = forkbuild.read_series()
+def table(matrix: bool, extra: list[str], against_base: bool = False, skip_if_proven: bool = False) -> int:
+    series = forkbuild.read_series(LINE.patches)
+    if skip_if_proven:
+        record = recorded_proof()
+        if record.get("state") == proof_state():
+            print(
+                f"[prove] {LINE.name} line: skipped; the series ({record['patches']} patches), its tests, bounds and "
+                f"tools are byte-identical to the state proven on {record['proven_on']} ({record['seconds']} s, "
+                f"torch {record['torch']}); recorded in {(LINE.patches / PROVEN).relative_to(forkbuild.ROOT)}"
+            )
+            return 0
+        why = "no proven state recorded" if not record else "the state changed since the recorded proof"
+        print(f"[prove] {LINE.name} line: {why}; proving every patch")
+    start = time.monotonic()
     base_tree = tree_for("base")
     rows, ok = [], True
     for index, name in enumerate(series, start=1):
         before_tree = base_tree if against_base else tree_for(str(index - 1))
         after_tree = tree_for(str(index))
-        tests = forkbuild.patch_test_names(forkbuild.PATCHES_DIR / name)
+        tests = forkbuild.patch_test_names(LINE.patches / name)
         if not tests:
             rows.append((name, "-", "no tests in patch", "-", "MISSING TESTS"))
             ok = False
@@ -133,8 +198,10 @@ def table(matrix: bool, extra: list[str], against_base: bool = False) -> int:
             selection += ["-k", " or ".join(name for names in tests.values() for name in names)]
         stem = name.removesuffix(".patch")
         # One failure is the proof: the run before the patch stops at the first one (`--maxfail=1`)
-        before = measure(before_tree, [*selection, "--maxfail=1"], LOGS / f"{stem}.before.log", expect_failures=True)
-        after = measure(after_tree, selection, LOGS / f"{stem}.patched.log")
+        before = measure(
+            before_tree, [*selection, "--maxfail=1"], logs_dir() / f"{stem}.before.log", expect_failures=True
+        )
+        after = measure(after_tree, selection, logs_dir() / f"{stem}.patched.log")
         before_fails = before.counts.get("failed", 0) + before.counts.get("error", 0) > 0
         after_passes = after.counts.get("passed", 0) > 0 and set(after.counts) <= {"passed", "skipped"}
         verdict = "OK" if before_fails and after_passes else "NOT PROVEN"
@@ -150,8 +217,8 @@ def table(matrix: bool, extra: list[str], against_base: bool = False) -> int:
 
     if matrix:
         selection = ["tests/dist", "-m", "dist and not gpu", *extra]
-        on_base = measure(base_tree, selection, LOGS / "matrix.base.log", expect_failures=True)
-        on_fork = measure(tree_for("fork"), selection, LOGS / "matrix.fork.log")
+        on_base = measure(base_tree, selection, logs_dir() / "matrix.base.log", expect_failures=True)
+        on_fork = measure(tree_for("fork"), selection, logs_dir() / "matrix.fork.log")
         flipped = sorted(c for c, r in on_base.cells.items() if r == "xfailed" and on_fork.cells.get(c) == "passed")
         print("\nDistributed matrix (tests/dist)")
         print(f"  pristine base: {on_base.summary()} ({on_base.seconds:.0f} s)")
@@ -160,8 +227,10 @@ def table(matrix: bool, extra: list[str], against_base: bool = False) -> int:
         for cell in flipped:
             print(f"    {cell}")
         ok &= not any(r in ("failed", "error") for r in [*on_base.cells.values(), *on_fork.cells.values()])
-    print(f"\n(pytest output of every run: {LOGS})")
+    print(f"\n(pytest output of every run: {logs_dir()})")
     print("result:", "every patch proven" if ok else "NOT every patch is proven (see above)")
+    if ok and not extra and not against_base:  # the whole proof, as CI runs it
+        record_proof(time.monotonic() - start, len(series))
     return 0 if ok else 1
 
 
@@ -170,6 +239,7 @@ HEADER = ("patch", "tests", "before the patch (to the 1st failure)", "with the p
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--line", default=forkbuild.DEFAULT_LINE, help="the line (default: %(default)s)")
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("run", help="run pytest against one tree")
     p.add_argument("--tree", default="fork", help="base, fork, or a number of patches (default: fork)")
@@ -177,13 +247,16 @@ def main(argv: list[str] | None = None) -> int:
     p = sub.add_parser("table", help="each patch's tests: the series before it vs with it")
     p.add_argument("--matrix", action="store_true", help="also run tests/dist on both trees and list flipped cells")
     p.add_argument("--against-base", action="store_true", help="run each patch's tests on the pristine base instead")
+    p.add_argument("--skip-if-proven", action="store_true", help="skip when patches/proven.json matches (CI)")
     p.add_argument("pytest_args", nargs=argparse.REMAINDER)
     args = parser.parse_args(argv)
     extra = [a for a in args.pytest_args if a != "--"]
+    global LINE
     try:
+        LINE = forkbuild.get_line(args.line)
         if args.command == "run":
             return run_pytest(tree_for(args.tree), extra)
-        return table(args.matrix, extra, against_base=args.against_base)
+        return table(args.matrix, extra, against_base=args.against_base, skip_if_proven=args.skip_if_proven)
     except forkbuild.BuildError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
