@@ -23,45 +23,12 @@ sys.path.insert(0, str(ROOT / "tools"))
 import prove  # noqa: E402
 
 
-DUMP = r"""
-import argparse, json, sys
-import trl
-from trl.scripts.utils import TrlParser
+sys.path.insert(0, str(ROOT / "tests"))
+from harness.cli_options import added, problems  # noqa: E402
 
-def describe(parser):
-    options = {}
-    for action in parser._actions:
-        if isinstance(action, argparse._SubParsersAction) or not action.option_strings:
-            continue
-        default = action.default
-        for option in action.option_strings:
-            options[option] = {
-                "dest": action.dest,
-                "action": type(action).__name__,
-                "default": repr(default),
-                "nargs": repr(action.nargs),
-                "const": repr(action.const),
-                "choices": repr(sorted(map(repr, action.choices))) if action.choices else None,
-                "type": getattr(action.type, "__name__", repr(action.type)),
-            }
-    return options
 
-out = {}
-root = TrlParser(prog="trl")
-subparsers = root.add_subparsers(dest="command", parser_class=TrlParser)
-from trl.scripts import chat, dpo, grpo, kto, sft, vllm_serve
-for module in (chat, dpo, grpo, kto, sft, vllm_serve):
-    module.make_parser(subparsers)
-for name, parser in subparsers.choices.items():
-    out["trl " + name] = describe(parser)
-for name in sorted(dir(trl)):
-    if name.endswith("Config") and isinstance(getattr(trl, name), type):
-        cls = getattr(trl, name)
-        if hasattr(cls, "__dataclass_fields__") and "output_dir" in cls.__dataclass_fields__:
-            out[name] = describe(TrlParser((cls,)))
-with open(sys.argv[1], "w") as f:
-    json.dump(out, f)
-"""
+# the dump runs in a fresh interpreter that imports `trl` from the tree
+DUMP = "import sys; sys.path.insert(0, sys.argv[2]); from harness.cli_options import dump; dump(sys.argv[1])"
 
 
 def dump(tree: str, tmp_path: Path) -> dict:
@@ -69,7 +36,7 @@ def dump(tree: str, tmp_path: Path) -> dict:
     env = dict(os.environ, PYTHONPATH=str(path), HF_HUB_OFFLINE="1")
     out = tmp_path / f"{tree}.json"
     result = subprocess.run(
-        [sys.executable, "-c", DUMP, str(out)],
+        [sys.executable, "-c", DUMP, str(out), str(ROOT / "tests")],
         env=env,
         cwd=ROOT,
         capture_output=True,
@@ -90,23 +57,13 @@ def options(tmp_path_factory):
 def test_every_base_option_parses_the_same_on_the_fork(options):
     base, fork = options
     assert len(base) >= 20, f"too few parsers dumped from the base: {sorted(base)}"
-    problems = []
-    for parser, base_options in base.items():
-        fork_options = fork.get(parser)
-        if fork_options is None:
-            problems.append(f"{parser}: missing on the fork")
-            continue
-        for option, described in base_options.items():
-            if option not in fork_options:
-                problems.append(f"{parser} {option}: dropped")
-            elif fork_options[option] != described:
-                problems.append(f"{parser} {option}: {described} -> {fork_options[option]}")
-    assert not problems, "\n".join(problems)
+    found = problems(base, fork)
+    assert not found, "\n".join(found)
 
 
 def test_the_fork_only_adds_its_documented_options(options):
     base, fork = options
-    added = {option for parser, opts in fork.items() for option in opts if option not in base.get(parser, {})}
+    new = added(base, fork)
     expected = {
         "--disable_unwrapping_for_generation",
         "--disable-unwrapping-for-generation",
@@ -125,7 +82,7 @@ def test_the_fork_only_adds_its_documented_options(options):
         "--generation_gather_budget_mb",
         "--generation-gather-budget-mb",
     }
-    assert added <= expected, sorted(added - expected)
+    assert new <= expected, sorted(new - expected)
     assert "--no_ds3_gather_for_generation" in fork["GRPOConfig"]
 
 
@@ -133,8 +90,7 @@ def test_readme_lists_every_option_the_fork_adds(options):
     """README's "If you opt into nothing" names every option the fork adds (it once left out
     generation_gather_budget_mb); `--no_x` and dashed spellings count as `x`."""
     base, fork = options
-    added = {option for parser, opts in fork.items() for option in opts if option not in base.get(parser, {})}
-    names = {option.lstrip("-").replace("-", "_") for option in added}
+    names = {option.lstrip("-").replace("-", "_") for option in added(base, fork)}
     names = {name[3:] if name.startswith("no_") and name[3:] in names else name for name in names}
     readme = (ROOT / "README.md").read_text()
     section = readme.split("## If you opt into nothing", 1)[1].split("\n## ", 1)[0]

@@ -1,0 +1,74 @@
+"""Every command-line option of TRL 1.16.0 still parses, with the same meaning, on the fork's 1.16.0 line (#26).
+
+Dumps, on the pristine base and on the fork (trees built by tools/prove.py), the options of every `trl` training
+command and `trl vllm-serve` (each script's `make_parser()`, which is what `trl <command>` parses with) and of every
+trainer config class, including Online DPO's and GKD's in `trl.experimental`; the fork may add options, never drop or
+change one. The comparison is the 0.16.1 line's (tests/harness/cli_options.py).
+"""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+
+ROOT = Path(__file__).resolve().parents[4]
+sys.path.insert(0, str(ROOT / "tools"))
+sys.path.insert(0, str(ROOT / "tests"))
+import forkbuild  # noqa: E402
+import prove  # noqa: E402
+from harness.cli_options import added, problems  # noqa: E402
+
+
+LINE = forkbuild.get_line("1.16.0")
+DUMP = "import sys; sys.path.insert(0, sys.argv[2]); from harness.cli_options import dump; dump(sys.argv[1])"
+# Options the 1.16.0 line adds (none yet); each one added must be named here and in README.
+FORK_OPTIONS = set()
+
+
+def dump(tree: str, tmp_path: Path) -> dict:
+    path = prove.tree_for(tree, LINE)
+    env = dict(os.environ, PYTHONPATH=str(path), HF_HUB_OFFLINE="1", TRL_EXPERIMENTAL_SILENCE="1")
+    out = tmp_path / f"{tree}.json"
+    result = subprocess.run(
+        [sys.executable, "-c", DUMP, str(out), str(ROOT / "tests")],
+        env=env,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    return json.loads(out.read_text())
+
+
+@pytest.fixture(scope="module")
+def options(tmp_path_factory):
+    tmp_path = tmp_path_factory.mktemp("cli")
+    return dump("base", tmp_path), dump("fork", tmp_path)
+
+
+def test_every_base_option_parses_the_same_on_the_fork(options):
+    base, fork = options
+    for name in (
+        "trl grpo",
+        "trl rloo",
+        "trl dpo",
+        "trl kto",
+        "trl vllm-serve",
+        "GRPOConfig",
+        "OnlineDPOConfig",
+        "GKDConfig",
+    ):
+        assert base.get(name), f"{name}: nothing dumped from the base"
+    found = problems(base, fork)
+    assert not found, "\n".join(found)
+
+
+def test_the_fork_only_adds_its_documented_options(options):
+    base, fork = options
+    assert added(base, fork) <= FORK_OPTIONS, sorted(added(base, fork) - FORK_OPTIONS)

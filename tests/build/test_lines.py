@@ -1,0 +1,193 @@
+"""The fork's lines (README "Which line"): one build, one set of tools, one install command per pinned release."""
+
+import json
+import os
+import re
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "tools"))
+import forkbuild  # noqa: E402
+import prove  # noqa: E402
+
+
+NEW = "1.16.0"
+TOOL = [sys.executable, str(ROOT / "tools" / "forkbuild.py")]
+
+
+def run(command, *, env=None, cwd=None, check=False):
+    result = subprocess.run(command, capture_output=True, text=True, env={**os.environ, **(env or {})}, cwd=cwd)
+    if check and result.returncode != 0:
+        raise AssertionError(f"{command} failed ({result.returncode}):\n{result.stdout}\n{result.stderr}")
+    return result
+
+
+def test_lines_are_listed_with_their_projects():
+    assert forkbuild.known_lines()[:2] == ["0.16.1", NEW]
+    assert forkbuild.get_line().project == ROOT and forkbuild.get_line("0.16.1").patches == ROOT / "patches"
+    line = forkbuild.get_line(NEW)
+    assert line.project == ROOT / "lines" / NEW and line.dev_tree == ROOT / "lines" / NEW / "trl-src"
+    assert forkbuild.load_base(line.patches).version == NEW
+    listed = run([*TOOL, "lines"], check=True).stdout.splitlines()
+    assert listed[0].split("\t")[:2] == ["0.16.1", "."] and listed[1].split("\t")[:2] == [NEW, f"lines/{NEW}"]
+
+
+def test_unknown_line_is_one_clear_error():
+    result = run([*TOOL, "--line", "9.9.9", "info"])
+    assert result.returncode == 1
+    assert result.stderr.strip() == f"error: no line '9.9.9': the lines are 0.16.1, {NEW}"
+
+
+def test_each_line_pins_its_own_registry_sdist():
+    old, new = (forkbuild.load_base(forkbuild.get_line(n).patches) for n in ("0.16.1", NEW))
+    assert (old.version, new.version) == ("0.16.1", NEW) and old.sha256 != new.sha256
+    path = forkbuild.fetch_sdist(new)
+    assert path.name == f"trl-{NEW}.tar.gz" and forkbuild.sha256_of(path) == new.sha256
+
+
+def test_new_line_round_trip_and_metadata(tmp_path):
+    line = forkbuild.get_line(NEW)
+    forkbuild.check_roundtrip(line.patches)
+    tree = forkbuild.materialize(tmp_path / "tree", patches_dir=line.patches)
+    metadata = forkbuild.upstream_metadata(tree)  # from the tree's pyproject.toml and VERSION
+    assert metadata["__version__"] == NEW
+    assert any(r.startswith("transformers>=") for r in metadata["REQUIRED_PKGS"])
+    assert any(r.startswith("vllm>=") for r in metadata["EXTRAS"]["vllm"])
+    source = (line.project / "setup.py").read_text()
+    for name in ("transformers", "accelerate", "datasets", "peft", "deepspeed"):
+        assert re.search(rf'"{name}": "<[\d.]+"', source), f"no tested upper bound for {name}"
+
+
+def test_proof_record_is_skipped_only_for_the_identical_state(tmp_path, monkeypatch, capsys):
+    """CI skips re-proving a line whose patches, pins and tests hash to the recorded proven state, and only then."""
+    line = forkbuild.get_line(NEW)
+    copy = tmp_path / "lines" / NEW
+    (copy / "patches").mkdir(parents=True)
+    for path in line.patches.iterdir():
+        (copy / "patches" / path.name).write_bytes(path.read_bytes())
+    (copy / "setup.py").write_bytes((line.project / "setup.py").read_bytes())
+    monkeypatch.setattr(forkbuild, "ROOT", tmp_path)
+    monkeypatch.setattr(prove, "LINE", forkbuild.Line(NEW, copy))
+    state = prove.proof_state()
+    (copy / "patches" / prove.PROVEN).write_text(
+        json.dumps({"state": state, "patches": 3, "proven_on": "2026-11-26", "seconds": 1, "torch": "x"})
+    )
+    assert prove.table(False, [], skip_if_proven=True) == 0
+    assert "skipped" in capsys.readouterr().out
+    # any byte of a patch (or of the bounds) changes the state: the proof runs
+    last = copy / "patches" / forkbuild.read_series(copy / "patches")[-1]
+    last.write_bytes(last.read_bytes() + b"\n")
+    assert prove.proof_state() != state
+    (copy / "setup.py").write_bytes((line.project / "setup.py").read_bytes().replace(b'"<5.25"', b'"<5.26"'))
+    last.write_bytes(last.read_bytes()[:-1])
+    assert prove.proof_state() != state
+
+
+def test_committed_proof_records_match_the_committed_series():
+    """A stale record makes CI prove in full (never skip wrongly); this tells the developer to record it again."""
+    for name in forkbuild.known_lines():
+        monkeypatched = forkbuild.get_line(name)
+        prove.LINE = monkeypatched
+        try:
+            record = prove.recorded_proof()
+            assert record.get("state") == prove.proof_state(), (
+                f"{name} line: patches/proven.json does not match; run `make prove LINE={name}` and commit it"
+            )
+        finally:
+            prove.LINE = forkbuild.get_line()
+
+
+# ------------------------------------------------------------------------------------ builds from a clone
+
+
+@pytest.fixture(scope="module")
+def clone(tmp_path_factory) -> Path:
+    dest = tmp_path_factory.mktemp("clone") / "trl-fork"
+    run(["git", "clone", "--quiet", "--no-local", str(ROOT), str(dest)], check=True)
+    return dest
+
+
+@pytest.mark.build
+def test_new_line_wheel_from_fresh_clone(clone, tmp_path):
+    series = forkbuild.read_series(clone / "lines" / NEW / "patches")
+    run(
+        [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(tmp_path), str(clone / "lines" / NEW)],
+        check=True,
+    )
+    (wheel,) = tmp_path.glob("trl-*.whl")
+    version = f"{NEW}+fork.{len(series)}"
+    assert wheel.name.startswith(f"trl-{version}-")
+    with zipfile.ZipFile(wheel) as archive:
+        names = archive.namelist()
+        metadata = archive.read(f"trl-{version}.dist-info/METADATA").decode()
+    assert "trl/trainer/grpo_trainer.py" in names and "trl/accelerate_configs/zero3.yaml" in names
+    assert any(n.startswith("trl/chat_templates/") and n.endswith(".jinja") for n in names)
+    assert not any(n.startswith("tests/") for n in names)
+    assert re.search(r"^Requires-Dist: transformers<5\.25,>=4\.56\.2$", metadata, re.M), metadata
+    assert re.search(r"^Requires-Python: >=3\.11$", metadata, re.M)
+    site = tmp_path / "site"
+    run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(site), str(wheel)], check=True)
+    out = run(
+        [sys.executable, "-c", "import trl._fork_info as f; print(f.VERSION, f.BASE_VERSION)"],
+        env={"PYTHONPATH": str(site)},
+        check=True,
+    )
+    assert out.stdout.split() == [version, NEW]
+
+
+@pytest.mark.build
+@pytest.mark.slow
+def test_pip_cache_never_serves_one_line_for_the_other(clone, tmp_path):
+    """Both lines from the same commit, through one pip cache: each install gets its own line's wheel."""
+    sha = run(["git", "-C", str(clone), "rev-parse", "HEAD"], check=True).stdout.strip()
+    urls = {"0.16.1": f"git+file://{clone}@{sha}", NEW: f"git+file://{clone}@{sha}#subdirectory=lines/{NEW}"}
+    cache = tmp_path / "pip-cache"
+    for attempt in range(2):  # the second round is served from the cache
+        for name, url in urls.items():
+            target = tmp_path / f"{name}-{attempt}"
+            result = run(
+                [
+                    sys.executable,
+                    "-m",
+                    "pip",
+                    "install",
+                    "--no-deps",
+                    "--cache-dir",
+                    str(cache),
+                    "--target",
+                    str(target),
+                    f"trl @ {url}",
+                ],
+                check=True,
+            )
+            (dist,) = target.glob("trl-*.dist-info")
+            assert dist.name.startswith(f"trl-{name}+fork."), (name, dist.name, result.stdout)
+    assert len(list(cache.rglob("trl-*.whl"))) == 2, "pip cached one wheel per line"
+
+
+@pytest.mark.build
+@pytest.mark.slow
+def test_readme_install_command_of_the_new_line_in_a_fresh_venv(clone, tmp_path):
+    """README's command for the 1.16.0 line, in a new environment with torch installed first."""
+    venv = tmp_path / "venv"
+    pip = [str(venv / "bin" / "python"), "-m", "pip", "install", "--quiet"]
+    run([sys.executable, "-m", "venv", str(venv)], check=True)
+    run([*pip, "torch==2.13.0"], check=True)
+    run([*pip, f"trl @ git+file://{clone}#subdirectory=lines/{NEW}"], check=True)
+    series = forkbuild.read_series(clone / "lines" / NEW / "patches")
+    out = run([str(venv / "bin" / "python"), "-c", "import trl; print(trl.__version__)"], check=True).stdout.strip()
+    assert out == f"{NEW}+fork.{len(series)}"
+    env_out = run([str(venv / "bin" / "trl"), "env"], check=True).stdout
+    assert f"- TRL base version: {NEW}" in env_out and all(f"  - {name}" in env_out for name in series)
+    versions = {
+        p["name"].lower(): p["version"]
+        for p in json.loads(run([*pip[:-2], "list", "--format=json"], check=True).stdout)
+    }
+    assert versions["transformers"].startswith("5.")  # what 1.16.0 allows and the bounds keep: a current release
+    assert tuple(int(x) for x in versions["accelerate"].split(".")[:2]) >= (1, 10)
