@@ -179,7 +179,8 @@ def test_readme_install_command_of_the_new_line_in_a_fresh_venv(clone, tmp_path)
     pip = [str(venv / "bin" / "python"), "-m", "pip", "install", "--quiet"]
     run([sys.executable, "-m", "venv", str(venv)], check=True)
     run([*pip, "torch==2.13.0"], check=True)
-    run([*pip, f"trl @ git+file://{clone}#subdirectory=lines/{NEW}"], check=True)
+    # `file://localhost/...`: the pip a new venv bundles (23.x) rejects `name @ file:///...` (no host) as a URL
+    run([*pip, f"trl[deepspeed,peft] @ git+file://localhost{clone}#subdirectory=lines/{NEW}"], check=True)
     series = forkbuild.read_series(clone / "lines" / NEW / "patches")
     out = run([str(venv / "bin" / "python"), "-c", "import trl; print(trl.__version__)"], check=True).stdout.strip()
     assert out == f"{NEW}+fork.{len(series)}"

@@ -285,7 +285,7 @@ def test_grpo_recipe_batch_fits_any_gpu_count(recipe, num_gpus):
 @pytest.mark.parametrize("recipe", sorted(p.stem for p in RECIPES.glob("[!_]*.sh")))
 def test_every_recipe_has_a_cpu_test(recipe):
     """A new recipe needs a case here; in a dry run every recipe prints the commands it would run."""
-    tested = {c[1] for c in CASES} | {"grpo_vllm_server"}
+    tested = {c[1] for c in CASES} | {"grpo_vllm_server", "multi_machine"}  # multi_machine: test_multi_machine.py
     assert recipe in tested, f"examples/recipes/{recipe}.sh has no CPU test"
     env = dict(os.environ, RECIPE_DRY_RUN="1", NUM_GPUS="4", REWARD_MODEL="reward", TEACHER="teacher")
     commands = _dry_run(recipe, env)
