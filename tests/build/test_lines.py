@@ -64,6 +64,21 @@ def test_new_line_round_trip_and_metadata(tmp_path):
         assert re.search(rf'"{name}": "<[\d.]+"', source), f"no tested upper bound for {name}"
 
 
+def test_new_line_pr_branches_are_against_its_base(tmp_path):
+    """Upstream PRs are rebased from the 1.16.0 line's branches: each is v1.16.0 + the patch (+ earlier ones)."""
+    line = forkbuild.get_line(NEW)
+    tree = forkbuild.materialize(tmp_path / "tree", patches_dir=line.patches)
+    report = forkbuild.pr_branches(tree, patches_dir=line.patches, descriptions=tmp_path / "pr")
+    series = forkbuild.read_series(line.patches)
+    descriptions = sorted((tmp_path / "pr").glob("*.md"))
+    assert len(descriptions) == len(series) and len([r for r in report if r.startswith("pr-stack/")]) == len(series)
+    for path in descriptions:
+        text = path.read_text()
+        assert f"Written against trl {NEW}." in text and "## Upstream status" in text, path.name
+    count = forkbuild.git(tree, "rev-list", "--count", f"v{NEW}..pr/0002-" + descriptions[1].stem[5:]).stdout
+    assert count.strip() == "1"
+
+
 def test_proof_record_is_skipped_only_for_the_identical_state(tmp_path, monkeypatch, capsys):
     """CI skips re-proving a line whose patches, pins and tests hash to the recorded proven state, and only then."""
     line = forkbuild.get_line(NEW)
