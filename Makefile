@@ -11,12 +11,15 @@ PROJECT := .
 VENV ?= .venv
 EXTRAS ?= test,deepspeed,peft,scikit
 LINE_TESTS := tests
+SHARED_TESTS :=
 RUFF ?= ruff==0.9.10
 else
 PROJECT := lines/$(LINE)
 VENV ?= $(PROJECT)/.venv
 EXTRAS ?= test,deepspeed,peft
 LINE_TESTS := $(PROJECT)/tests
+# tests of the 0.16.1 line's tree that run on every line (with the line's venv)
+SHARED_TESTS := tests/recipes/test_multi_machine.py
 # the ruff release whose rules TRL 1.16.0's own tree passes (its pyproject selects rules explicitly)
 RUFF ?= ruff==0.16.10
 endif
@@ -75,7 +78,7 @@ info:  ## show the base and the series
 	$(FORKBUILD) info
 
 test: dev  ## the test suite: our tests, the patches' own tests, the fast distributed cells
-	$(PY) -m pytest -m "not slow and not gpu" $(LINE_TESTS) $$($(PY) tools/forkbuild.py --line $(LINE) patch-tests --tree $(TREE)) $(PYTEST_ARGS)
+	$(PY) -m pytest -m "not slow and not gpu" $(LINE_TESTS) $(SHARED_TESTS) $$($(PY) tools/forkbuild.py --line $(LINE) patch-tests --tree $(TREE)) $(PYTEST_ARGS)
 
 DIST_MARK ?= dist and not gpu
 test-dist: dev  ## every multi-process CPU test: the whole backend matrix (DIST_MARK narrows it)

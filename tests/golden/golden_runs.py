@@ -36,22 +36,29 @@ class GoldenRun:
         return self.out / "weights.pt"
 
 
-def tree_paths():
+def tree_paths(line=None):
+    """The base and fork trees of ``line`` (a TRL version; default: the 0.16.1 line), built by tools/prove.py."""
     sys.path.insert(0, str(REPO_ROOT / "tools"))
     try:
+        import forkbuild
         import prove
     finally:
         sys.path.pop(0)
-    return {name: prove.tree_for(name) for name in TREES}
+    return {name: prove.tree_for(name, forkbuild.get_line(line)) for name in TREES}
 
 
 class GoldenRunner:
     instances = []  # for the terminal summary
 
-    def __init__(self, fixtures_dir, work_dir, trees, *, steps=STEPS, timeout=DEFAULT_TIMEOUT):
+    def __init__(
+        self, fixtures_dir, work_dir, trees, *, steps=STEPS, timeout=DEFAULT_TIMEOUT, worker=WORKER, launcher=launch
+    ):
+        """``worker`` and ``launcher`` (``harness.launcher.launch`` or a function with its signature): another
+        line's golden runs pass their own."""
         GoldenRunner.instances.append(self)
         self.fixtures_dir, self.work_dir, self.trees = Path(fixtures_dir), Path(work_dir), trees
         self.steps, self.timeout = steps, timeout
+        self.worker, self.launcher = Path(worker), launcher
         self.runs = {}
 
     def _env_extra(self, tree):
@@ -66,12 +73,12 @@ class GoldenRunner:
         args = ["--trainer", trainer, "--fixtures", str(self.fixtures_dir), "--out", str(out)]
         args += ["--steps", str(self.steps)]
         if mode == "ddp":
-            result = launch(
-                WORKER, args, backend="ddp", workdir=cell, timeout=self.timeout, extra_env=self._env_extra(tree)
+            result = self.launcher(
+                self.worker, args, backend="ddp", workdir=cell, timeout=self.timeout, extra_env=self._env_extra(tree)
             )
         else:
             env = harness_env(None, error_dir=cell / "errors", extra=self._env_extra(tree))
-            cmd = [sys.executable, str(WORKER), *args]
+            cmd = [sys.executable, str(self.worker), *args]
             result = run_command(cmd, env=env, workdir=cell, backend="single", timeout=self.timeout)
         path = out / "result.json"
         data = json.loads(path.read_text()) if path.is_file() else {}

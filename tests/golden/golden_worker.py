@@ -177,9 +177,10 @@ def _trl_info():
     return {"file": trl.__file__, "version": trl.__version__, "fixed_issues": fixed}
 
 
-def main(argv=None):
+def main(argv=None, *, build=build_trainer, trainers=TRAINERS):
+    """``build(kind, manifest, out_dir, steps)`` makes the trainer; another line's worker passes its own."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--trainer", choices=TRAINERS, required=True)
+    parser.add_argument("--trainer", choices=trainers, required=True)
     parser.add_argument("--fixtures", required=True)
     parser.add_argument("--out", required=True)
     parser.add_argument("--steps", type=int, default=3)
@@ -194,7 +195,7 @@ def main(argv=None):
         from harness.fixtures import load_manifest
 
         result["trl"] = _trl_info()
-        trainer = build_trainer(a.trainer, load_manifest(a.fixtures), out, a.steps)
+        trainer = build(a.trainer, load_manifest(a.fixtures), out, a.steps)
         trainer.train()
         result["global_step"] = trainer.state.global_step
         result["logs"] = _jsonable(trainer.state.log_history)

@@ -101,14 +101,15 @@ def _magnitude(a, b):
     return "not numbers"
 
 
-def log_differences(base_logs, fork_logs):
-    """Each differing logged value, in step order: ``(step, key, base value, fork value)``."""
+def log_differences(base_logs, fork_logs, timing=TIMING_KEYS):
+    """Each differing logged value, in step order, wall-clock keys (``timing``) left out:
+    ``(step, key, base value, fork value)``."""
     diffs = []
     if len(base_logs) != len(fork_logs):
         diffs.append(("-", "number of log entries", len(base_logs), len(fork_logs)))
     for b, f in zip(base_logs, fork_logs):
         step = b.get("step", "?")
-        for key in sorted((b.keys() | f.keys()) - TIMING_KEYS):
+        for key in sorted((b.keys() | f.keys()) - timing):
             if b.get(key, "<absent>") != f.get(key, "<absent>"):
                 diffs.append((step, key, b.get(key, "<absent>"), f.get(key, "<absent>")))
     return diffs

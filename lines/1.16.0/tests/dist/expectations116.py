@@ -1,0 +1,71 @@
+"""What each cell of the 1.16.0 matrix does on pristine TRL 1.16.0, keyed by the issue that fixes it.
+
+Measured on CPU (2 gloo ranks, ``test_matrix_116.py``; see ``lines/1.16.0/docs/pristine_matrix.md``).
+``EXPECTED[(trainer, backend, check)]`` lists the :class:`harness.marks.Broken` entries of a check; an absent key
+means the check passes on the base.  A patch that fixes a cell flips it by deleting its line below (or its issue
+lands in ``trl._fork_info.FIXED_ISSUES``, which deactivates the entry; ``harness.marks``).
+
+Issues:
+
+- #27: frozen models (reference / reward / teacher): not sharded or placed under FSDP, not frozen (its item 1: "eval
+  mode and no gradients"), Online DPO's reference not built under ZeRO-3 (the 0.16.1 line's patch 0034);
+- #28: PEFT weight sync / PEFT under FSDP1;
+- #29: generation gather.
+"""
+
+from harness.marks import known_broken
+
+
+# --------------------------------------------------------------------------------- failure texts (regex)
+NOT_SHARDED = r"is not sharded: holds"
+REQUIRES_GRAD = r"has parameters with requires_grad=True"
+WEIGHT_2D = r"RuntimeError: 'weight' must be 2-D"
+ODPO_ZERO3_NO_REF = r"ValueError: DeepSpeed ZeRO-3 is enabled and is not compatible with `create_reference_model\(\)`"
+
+# ------------------------------------------------------------------------------------------ the entries
+REWARD_NOT_SHARDED = known_broken(
+    27, match=NOT_SHARDED, why="reward model prepared with prepare_model(evaluation_mode=True): a full replica"
+)
+TEACHER_NOT_SHARDED = known_broken(
+    27, match=NOT_SHARDED, why="GKD's teacher prepared with prepare_model(evaluation_mode=True): a full replica"
+)
+FROZEN_GRADS = known_broken(
+    27,
+    match=REQUIRES_GRAD,
+    why="frozen models keep requires_grad=True (only eval mode is set; create_reference_model() alone freezes)",
+)
+GKD_FSDP1_GENERATE = known_broken(
+    29, match=WEIGHT_2D, why="GKD generates with the FSDP1-wrapped student (flat 1-D shards), no gather"
+)
+ODPO_ZERO3 = known_broken(
+    27,
+    match=ODPO_ZERO3_NO_REF,
+    why="Online DPO under ZeRO-3 without ref_model: create_reference_model() refused (0.16.1 line: patch 0034)",
+)
+
+EXPECTED = {
+    # --- placement under FSDP: the reference models are sharded (prepare_fsdp), reward models and teachers are not
+    ("grpo", "fsdp1", "placement"): (REWARD_NOT_SHARDED,),
+    ("grpo", "fsdp2", "placement"): (REWARD_NOT_SHARDED,),
+    ("rloo", "fsdp1", "placement"): (REWARD_NOT_SHARDED,),
+    ("rloo", "fsdp2", "placement"): (REWARD_NOT_SHARDED,),
+    ("online_dpo", "fsdp1", "placement"): (REWARD_NOT_SHARDED,),
+    ("online_dpo", "fsdp2", "placement"): (REWARD_NOT_SHARDED,),
+    ("gkd", "fsdp1", "placement"): (TEACHER_NOT_SHARDED,),
+    ("gkd", "fsdp2", "placement"): (TEACHER_NOT_SHARDED,),
+    ("grpo_lora", "fsdp1", "placement"): (REWARD_NOT_SHARDED,),
+    ("grpo_lora", "fsdp2", "placement"): (REWARD_NOT_SHARDED,),
+    # --- generation
+    ("gkd", "fsdp1", "trains"): (GKD_FSDP1_GENERATE,),
+    # --- Online DPO under ZeRO-3 with no reference model given: nothing is built, every check fails
+    ("online_dpo", "zero3", "trains"): (ODPO_ZERO3,),
+    ("online_dpo", "zero3", "wrapping"): (ODPO_ZERO3,),
+    ("online_dpo", "zero3", "placement"): (ODPO_ZERO3,),
+    ("online_dpo", "zero3", "frozen"): (ODPO_ZERO3,),
+}
+
+# --- frozen: every reference / reward / teacher model tracks gradients on every backend, except Online DPO's
+# reference (create_reference_model() freezes it); the LoRA cell's only frozen model is its reward model
+for _trainer in ("grpo", "rloo", "online_dpo", "gkd", "dpo", "kto", "grpo_lora"):
+    for _backend in ("ddp", "fsdp1", "fsdp2", "zero2", "zero3"):
+        EXPECTED.setdefault((_trainer, _backend, "frozen"), (FROZEN_GRADS,))

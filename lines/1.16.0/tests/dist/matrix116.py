@@ -1,0 +1,246 @@
+"""The 1.16.0 line's trainer x backend matrix on CPU: one launch per backend, every trainer in it.
+
+``matrix_worker.py`` trains each trainer of ``TRAINERS`` in turn inside one ``accelerate launch --num_processes 2``
+per backend and writes per-trainer, per-rank JSON.  This module launches it (once per backend and session),
+turns each trainer's JSON into a :class:`harness.matrix.CellRun` and runs the checks of the 0.16.1 line's matrix
+(``harness.matrix``: ``trains``, ``wrapping``, ``placement``, ``frozen``) on it, with two additions:
+
+- a trainer that failed inside the launch fails its checks with its own first error line (the launch itself
+  succeeded: the worker goes on with the next trainer); one still running when the launch hit its timeout is a hang;
+- ``wrapping`` of the LoRA cell also checks that the trained model is a ``PeftModel`` whose trainable parameters
+  are the adapter only.
+"""
+
+import json
+import shutil
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from harness import accelerate110
+from harness.marks import CellFailure
+from harness.matrix import CHECK_FUNCTIONS as BASE_CHECKS
+from harness.matrix import CellRun, _check_same_trl
+
+
+WORKER = Path(__file__).resolve().parent / "matrix_worker.py"
+TRAINERS = ("grpo", "rloo", "online_dpo", "gkd", "dpo", "kto", "grpo_lora")
+BACKEND_NAMES = ("ddp", "fsdp1", "fsdp2", "zero2", "zero3")
+CHECKS = ("trains", "wrapping", "placement", "frozen")
+STEPS = 2
+LAUNCH_TIMEOUT = 300  # seconds per launch (a whole backend); the launch takes 20-40 s on 2 idle cores
+LORA_MAX_TRAINABLE = 0.10  # the adapter's share of the policy's parameters (r=4 on q/v: ~2%)
+FINAL_STAGES = ("trained",)
+
+
+@dataclass
+class TrainerLaunch:
+    """Stands in for a ``LaunchResult`` for one trainer of a launch (what ``harness.matrix`` checks read)."""
+
+    launch: object  # the backend's LaunchResult
+    trainer: str
+    ranks: list
+
+    @property
+    def duration(self):
+        return max((r.get("seconds") or 0 for r in self.ranks), default=0.0)
+
+    @property
+    def hung(self):
+        return self.launch.timed_out and any(r.get("stage") not in FINAL_STAGES for r in self.ranks)
+
+    @property
+    def ok(self):
+        if self.hung or not self.ranks:
+            return False
+        return all(r.get("stage") in FINAL_STAGES for r in self.ranks)
+
+    def error_lines(self):
+        lines = []
+        for r in self.ranks:
+            if r.get("error_line"):
+                lines.append(f"rank {r['rank']}: {r['error_line']}")
+        return lines
+
+    def failure_text(self):
+        if self.hung:
+            stages = ", ".join(f"rank {r.get('rank')}: {r.get('stage')}" for r in self.ranks)
+            return f"{self.trainer}: HANG, the launch timed out while it ran ({stages})\n{self.launch.failure_text()}"
+        if not self.ranks:
+            return f"{self.trainer}: never started (no rank wrote facts)\n{self.launch.failure_text()}"
+        lines = self.error_lines() or [
+            f"rank {r.get('rank')}: stopped at stage {r.get('stage')!r}" for r in self.ranks
+        ]
+        errors = [r["error"] for r in self.ranks if r.get("error")]
+        return "\n".join([f"{self.trainer} failed:", *lines, *(errors[:1])])
+
+    def check(self):
+        if not self.ok:
+            raise CellFailure([self.failure_text()])
+        return self
+
+
+@dataclass
+class BackendLaunch:
+    backend: str
+    launch: object  # LaunchResult
+    wall: float
+    runs: dict = field(default_factory=dict)  # trainer -> CellRun
+
+
+class Matrix116:
+    """One launch per backend (cached for the session); ``run(trainer, backend)`` returns that trainer's CellRun."""
+
+    instances = []
+
+    def __init__(self, fixtures_dir, work_dir, *, steps=STEPS, timeout=LAUNCH_TIMEOUT, trainers=TRAINERS):
+        Matrix116.instances.append(self)
+        self.fixtures_dir = Path(fixtures_dir)
+        self.work_dir = Path(work_dir)
+        self.steps = steps
+        self.timeout = timeout
+        self.trainers = tuple(trainers)
+        self.launches = {}
+
+    def launch(self, backend):
+        if backend not in self.launches:
+            workdir = self.work_dir / backend
+            shutil.rmtree(workdir, ignore_errors=True)
+            out = workdir / "out"
+            args = ["--fixtures", str(self.fixtures_dir), "--out", str(out), "--steps", str(self.steps)]
+            args += ["--trainers", ",".join(self.trainers)]
+            start = time.monotonic()
+            result = accelerate110.launch(
+                WORKER,
+                args,
+                backend=backend,
+                workdir=workdir,
+                timeout=self.timeout,
+                extra_env={"TRL_MATRIX_BACKEND": backend},
+            )
+            done = BackendLaunch(backend, result, time.monotonic() - start)
+            for trainer in self.trainers:
+                ranks = [json.loads(p.read_text()) for p in sorted((out / trainer).glob("rank*.json"))]
+                ranks.sort(key=lambda r: r.get("rank", 0))
+                run = CellRun(trainer, backend, "cpu", 2, self.steps, TrainerLaunch(result, trainer, ranks), ranks)
+                _check_same_trl(run)
+                done.runs[trainer] = run
+            self.launches[backend] = done
+        return self.launches[backend]
+
+    def run(self, trainer, backend):
+        return self.launch(backend).runs[trainer]
+
+
+# ----------------------------------------------------------------------------------------------- checks
+
+
+def _trainer_failed(run):
+    """The trainer's own failure (first error line per rank), whatever the check: nothing else can be judged."""
+    if not run.launch.ok and run.launch.error_lines() and not all(r.get("frozen") for r in run.ranks):
+        raise CellFailure([run.launch.failure_text()])
+
+
+def check_trains(run):
+    run.launch.check()
+    BASE_CHECKS["trains"](run)
+
+
+def check_wrapping(run):
+    _trainer_failed(run)
+    problems = []
+    try:
+        BASE_CHECKS["wrapping"](run)
+    except CellFailure as exc:
+        problems += exc.problems
+    if run.trainer == "grpo_lora":
+        for r in run.ranks:
+            policy = r.get("policy") or {}
+            if not policy.get("is_peft") or "PeftModel" not in "/".join(policy.get("wrappers", [])):
+                problems.append(f"rank {r['rank']}: trained model is {policy.get('wrappers')}, expected a PeftModel")
+            share = policy.get("trainable_numel", 0) / max(policy.get("numel", 0), 1)
+            if not 0 < share <= LORA_MAX_TRAINABLE:
+                problems.append(
+                    f"rank {r['rank']}: {policy.get('trainable_numel')} of {policy.get('numel')} policy parameters "
+                    f"trainable ({share:.1%}), expected the LoRA adapter only (<= {LORA_MAX_TRAINABLE:.0%})"
+                )
+    if problems:
+        raise CellFailure(problems)
+
+
+def check_placement(run):
+    _trainer_failed(run)
+    BASE_CHECKS["placement"](run)
+
+
+def check_frozen(run):
+    _trainer_failed(run)
+    BASE_CHECKS["frozen"](run)
+
+
+CHECK_FUNCTIONS = {
+    "trains": check_trains,
+    "wrapping": check_wrapping,
+    "placement": check_placement,
+    "frozen": check_frozen,
+}
+
+
+# ------------------------------------------------------------------------------------------------ report
+
+
+def shares(run):
+    """{frozen model: "50% / 50%"}: the share of each frozen model each rank holds."""
+    out = {}
+    for r in run.ranks:
+        full = r.get("full_numel") or {}
+        for name, facts in (r.get("frozen") or {}).items():
+            out.setdefault(name, []).append(f"{facts['local_numel'] / full[name]:.0%}")
+    return {name: " / ".join(values) for name, values in out.items()}
+
+
+def markdown(outcomes, reasons):
+    """The matrix as markdown: ``outcomes[(trainer, backend, check)]`` ("pass", "xfail #27", "FAIL", ...),
+    ``reasons[(trainer, backend, check)]``: the mark's reason of an expected failure."""
+    launches = [done for m in Matrix116.instances for done in m.launches.values()]
+    if not launches:
+        return ""
+    backends = [done.backend for done in launches]
+    trainers = [t for t in TRAINERS if any(t in done.runs for done in launches)]
+    lines = ["| trainer | " + " | ".join(backends) + " |", "| --- |" + " --- |" * len(backends)]
+    for trainer in trainers:
+        cells = []
+        for done in launches:
+            run = done.runs.get(trainer)
+            if run is None:
+                cells.append("-")
+                continue
+            parts = []
+            for check in CHECKS:
+                outcome = outcomes.get((trainer, done.backend, check), "-")
+                parts.append(f"{check}: {outcome}")
+            held = shares(run)
+            if held:
+                parts.append("held: " + ", ".join(f"{name.removesuffix('_model')} {v}" for name, v in held.items()))
+            cells.append("<br>".join(parts))
+        lines.append(f"| {trainer} | " + " | ".join(cells) + " |")
+    lines += ["", "| backend | launch wall time | per trainer (s, rank max) |", "| --- | --- | --- |"]
+    for done in launches:
+        per = ", ".join(f"{t} {run.launch.duration:.1f}" for t, run in done.runs.items())
+        status = "timed out" if done.launch.timed_out else f"exit {done.launch.returncode}"
+        lines.append(f"| {done.backend} | {done.wall:.0f} s ({status}) | {per} |")
+    failing = []
+    for done in launches:
+        for trainer, run in done.runs.items():
+            errors = sorted({e.split(": ", 1)[1] for e in run.launch.error_lines()})
+            if run.launch.hung:
+                errors = ["HANG (launch timed out while it ran)"]
+            for error in errors:
+                failing.append(f"| {trainer} | {done.backend} | `` {error} `` |")
+    if failing:
+        lines += ["", "| trainer | backend | first error line (every failing rank) |", "| --- | --- | --- |", *failing]
+    if reasons:
+        lines += ["", "| cell | expected failure (issue: reason) |", "| --- | --- |"]
+        for (trainer, backend, check), reason in sorted(reasons.items()):
+            lines.append(f"| {trainer}-{backend}-{check} | {reason} |")
+    return "\n".join(lines) + "\n"

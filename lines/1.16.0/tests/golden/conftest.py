@@ -1,0 +1,38 @@
+"""The 1.16.0 line's golden runs: the 0.16.1 line's runner (``tests/golden/golden_runs.py``) with this line's
+trees, worker and accelerate >= 1.10 launcher (``tests/harness/accelerate110.py``)."""
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parents[3]
+for _path in (ROOT / "tests" / "golden", ROOT / "tests"):
+    if str(_path) not in sys.path:
+        sys.path.insert(0, str(_path))
+for _var in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "TRANSFORMERS_OFFLINE"):
+    os.environ.setdefault(_var, "1")
+
+from golden_runs import GoldenRunner, tree_paths  # noqa: E402
+from harness import accelerate110  # noqa: E402
+from harness.fixtures import build_fixtures  # noqa: E402
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "golden: fork vs the line's pristine base on default paths (tests/golden)")
+
+
+@pytest.fixture(scope="session")
+def golden_runner(tmp_path_factory):
+    fixtures = tmp_path_factory.mktemp("fixtures")
+    build_fixtures(fixtures)
+    return GoldenRunner(
+        fixtures,
+        tmp_path_factory.mktemp("golden"),
+        tree_paths("1.16.0"),
+        worker=HERE / "golden_worker_116.py",
+        launcher=accelerate110.launch,
+    )
