@@ -27,6 +27,9 @@ ifeq ($(wildcard $(PROJECT)/patches/base.json),)
 $(error LINE=$(LINE): no such line (the lines: $(shell $(PYTHON) tools/forkbuild.py lines | cut -f1 | tr '\n' ' ')))
 endif
 PY := $(VENV)/bin/python
+# Targets that exist for the 0.16.1 line only (its demo, TRL 0.16.1's own suite, the torch 2.6 lane, GPU recipes,
+# formatting our code with that line's ruff) stop with one line on another line.
+ONLY_0161 = $(if $(filter 0.16.1,$(LINE)),,$(error make $@: the 0.16.1 line's target; run it without LINE=$(LINE)))
 # CPU build of torch; on a GPU machine pass the build you need, e.g. TORCH="torch==2.6.0".
 TORCH ?= torch==2.13.0
 TREE ?= $(PROJECT)/trl-src
@@ -92,6 +95,7 @@ test-gpu: dev  ## the GPU cells (needs CUDA)
 
 RECIPES_REPORT ?= docs/recipes_gpu.md
 recipes-gpu: dev  ## every recipe on this machine's GPUs, 5 steps each; time per step and peak memory -> RECIPES_REPORT
+	$(ONLY_0161)
 	@$(PY) -c "import sys, torch; sys.exit(0 if torch.cuda.is_available() else 'recipes-gpu: no CUDA GPU visible to torch')"
 	RECIPES_REPORT=$(RECIPES_REPORT) $(PY) -m pytest -m gpu tests/recipes $(PYTEST_ARGS)
 
@@ -99,6 +103,7 @@ test-all: dev  ## everything but the GPU cells
 	$(PY) -m pytest -m "not gpu" $(LINE_TESTS) $$($(PY) tools/forkbuild.py --line $(LINE) patch-tests --tree $(TREE)) $(PYTEST_ARGS)
 
 demo: dev  ## GRPO through `trl grpo` on a tiny local model, 2 CPU processes, with a reference model
+	$(ONLY_0161)
 	$(PY) examples/demo/run_demo.py $(DEMO_ARGS)
 
 prove: dev  ## each patch's tests on the series before it (must fail) and with it (must pass); prints a table
@@ -113,14 +118,15 @@ endif
 	if [ -n "$$files" ]; then cd $(TREE) && $(CURDIR)/$(PY) -m ruff check $$files && $(CURDIR)/$(PY) -m ruff format --check $$files; fi
 
 style: dev  ## apply ruff fixes and formatting to our code
+	$(ONLY_0161)
 	$(PY) -m ruff check --fix $(OUR_CODE)
 	$(PY) -m ruff format $(OUR_CODE)
 
 ci:  ## what CI runs, both lines: .ci/run
 	bash .ci/run
 
-clean:  ## remove build products (keeps trl-src/ and $(VENV))
-	rm -rf build dist *.egg-info .pytest_cache
+clean:  ## remove build products of every line (keeps each line's trl-src/ and venv)
+	rm -rf build dist *.egg-info .pytest_cache lines/*/build lines/*/*.egg-info
 
 # --- torch 2.6.0 lane (#13): the torch that vLLM 0.8.x pins, next to the dev venv's torch. docs/torch_versions.md.
 # Its venv holds torch 2.6.0 and the dependencies of `.[$(EXTRAS)]` but no trl: every run imports the fork from
@@ -140,6 +146,7 @@ $(VENV26)/.installed: setup.py pyproject.toml
 venv-torch26: $(VENV26)/.installed  ## create $(VENV26): torch 2.6.0 + the test extras, trl imported from build/trees
 
 test-torch26: venv-torch26  ## the torch 2.6.0 lane: build tests, patch tests, DDP/FSDP1/ZeRO-2/ZeRO-3/DP cells
+	$(ONLY_0161)
 	$(PY26) tools/torch_lane.py $(PYTEST_ARGS)
 
 # Golden equivalence (#13): with no fork option set, the fork's per-step logged values and trained weights equal
@@ -153,4 +160,5 @@ golden: dev  ## fork vs the line's pristine base on default paths (1 process and
 # base fails on the fork. docs/upstream_suite.md. UPSTREAM_ARGS: e.g. --files test_cli.py, --jobs 1, -- -k peft.
 .PHONY: upstream-suite
 upstream-suite: dev  ## TRL 0.16.1's own tests on the base and on the fork; per-file table; fails on regressions
+	$(ONLY_0161)
 	$(PY) tools/upstream_suite.py $(UPSTREAM_ARGS)

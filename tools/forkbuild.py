@@ -196,7 +196,7 @@ def verify_sdist(path: Path, base: Base, origin: str) -> Path:
     actual = sha256_of(path)
     if actual != base.sha256:
         raise BuildError(
-            f"{origin} {path} has sha256 {actual}, but patches/base.json pins {base.sdist} to {base.sha256}; "
+            f"{origin} {path} has sha256 {actual}, but the {base.version} line pins {base.sdist} to {base.sha256}; "
             "refusing to build on an unverified base"
         )
     return path
@@ -243,14 +243,33 @@ def download_sdist(base: Base, dest_dir: Path) -> Path:
     return final
 
 
+def _other_line_sdist(path: Path, base: Base) -> bool:
+    """``path`` is named as the sdist of another TRL release than ``base`` (``trl-<other version>.tar.gz``)."""
+    return (
+        path.name != base.sdist
+        and re.fullmatch(rf"{re.escape(base.name)}-[0-9][0-9A-Za-z.]*\.tar\.gz", path.name) is not None
+    )
+
+
 def fetch_sdist(base: Base) -> Path:
-    """The verified sdist: ``TRL_FORK_SDIST`` if set, else the cache, else a pip download into the cache."""
+    """The verified sdist: ``TRL_FORK_SDIST`` if set, else the cache, else a pip download into the cache.
+
+    ``TRL_FORK_SDIST`` names an offline copy (verified like a download) or a directory holding the sdists of the
+    lines (``<dir>/trl-<version>.tar.gz``). A file named as another release's sdist is left to that release's line:
+    this line then takes its sdist from the cache or pip, as without the variable."""
     local = os.environ.get("TRL_FORK_SDIST")
     if local:
         path = Path(local).expanduser()
+        if path.is_dir():
+            path = path / base.sdist
+            if not path.is_file():
+                raise BuildError(f"TRL_FORK_SDIST={local} is a directory without {base.sdist}")
+            return verify_sdist(path, base, "TRL_FORK_SDIST")
         if not path.is_file():
             raise BuildError(f"TRL_FORK_SDIST={local} does not exist")
-        return verify_sdist(path, base, "TRL_FORK_SDIST")
+        if not _other_line_sdist(path, base):
+            return verify_sdist(path, base, "TRL_FORK_SDIST")
+        log(f"TRL_FORK_SDIST={local} is another release's sdist; the {base.version} line fetches {base.sdist}")
     cached = cache_dir() / base.sdist
     if cached.is_file():
         if sha256_of(cached) == base.sha256:
@@ -596,7 +615,9 @@ def stale_build(tree: Path, base: Base, expected_fingerprint: str) -> str | None
     if stamp != expected_fingerprint or record.get("fingerprint") != expected_fingerprint:
         return "patches/ (or the build tool) changed since it was built"
     if record.get("sdist_sha256") != base.sha256:
-        return f"built from an sdist with sha256 {record.get('sdist_sha256')}, patches/base.json pins {base.sha256}"
+        return (
+            f"built from an sdist with sha256 {record.get('sdist_sha256')}, the {base.version} line pins {base.sha256}"
+        )
     head = git(tree, "rev-parse", "HEAD", check=False).stdout.strip()
     if head != record.get("head"):
         return f"its commits changed since it was built (HEAD {head or 'unreadable'}, built at {record.get('head')})"
@@ -624,7 +645,12 @@ def upstream_metadata(tree: Path) -> dict:
     its ``setup.py`` (TRL 0.x), or in ``pyproject.toml``'s ``[project]`` table with the version in ``VERSION`` (1.x)."""
     if not (tree / "pyproject.toml").is_file() or "[project]" not in (tree / "pyproject.toml").read_text():
         return _setup_py_metadata(tree)
-    import tomllib  # Python 3.11+, which every line with a [project] table requires
+    try:
+        import tomllib  # Python 3.11+, which every line with a [project] table requires
+    except ImportError as exc:
+        raise BuildError(
+            f"TRL {tree.name}'s pyproject.toml is read with tomllib: Python 3.11 or newer is needed"
+        ) from exc
 
     project = tomllib.loads((tree / "pyproject.toml").read_text())["project"]
     try:

@@ -32,12 +32,17 @@ def bounded(requirement: str, bounds: dict[str, str]) -> str:
 
 
 def fork_dependencies(metadata: dict, bounds: dict[str, str], fork_extras: dict[str, list[str]]):
-    """``install_requires`` and ``extras_require``: upstream's, bounded, plus the fork's extras; ``dev`` is all."""
+    """``install_requires`` and ``extras_require``: upstream's, bounded, plus the fork's extras. ``dev``: upstream's
+    own ``dev`` extra plus the fork's extras where upstream declares one (TRL 1.x), else every extra (TRL 0.16.1's
+    setup.py builds its ``dev`` in code, which the fork reproduces)."""
     install_requires = [bounded(r, bounds) for r in metadata["REQUIRED_PKGS"]]
-    extras = {key: [bounded(r, bounds) for r in reqs] for key, reqs in metadata["EXTRAS"].items() if key != "dev"}
+    extras = {key: [bounded(r, bounds) for r in reqs] for key, reqs in metadata["EXTRAS"].items()}
     for key, reqs in fork_extras.items():
         extras[key] = extras.get(key, []) + reqs
-    extras["dev"] = sorted({r for key, reqs in extras.items() for r in reqs} | {"ruff"})
+    if "dev" in metadata["EXTRAS"]:
+        extras["dev"] = list(dict.fromkeys(extras["dev"] + [r for reqs in fork_extras.values() for r in reqs]))
+    else:
+        extras["dev"] = sorted({r for key, reqs in extras.items() for r in reqs} | {"ruff"})
     return install_requires, extras
 
 
@@ -52,6 +57,13 @@ def fork_setup(
 ) -> None:
     """``setup()`` for the line whose ``setup.py`` lives in ``project``."""
     project = Path(project).resolve()
+    minimum = re.fullmatch(r">=\s*(\d+)\.(\d+)", python_requires.strip())
+    if minimum and sys.version_info[:2] < (int(minimum.group(1)), int(minimum.group(2))):
+        # pip runs setup.py before it reads python_requires from the metadata: say it here, in one line
+        sys.exit(
+            f"error: this line of the TRL fork needs Python {python_requires.strip()[2:].strip()} or newer "
+            f"(this is Python {sys.version_info[0]}.{sys.version_info[1]})"
+        )
     line = next(
         (forkbuild.get_line(n) for n in forkbuild.known_lines() if forkbuild.get_line(n).project == project), None
     )

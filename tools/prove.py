@@ -175,8 +175,8 @@ def table(matrix: bool, extra: list[str], against_base: bool = False, skip_if_pr
         record = recorded_proof()
         if record.get("state") == proof_state():
             print(
-                f"[prove] {LINE.name} line: skipped; the series ({record['patches']} patches), its tests, bounds and "
-                f"tools are byte-identical to the state proven on {record['proven_on']} ({record['seconds']} s, "
+                f"[prove] {LINE.name} line: skipped; its base pin, series, patches (with their tests) and bounds "
+                f"are byte-identical to the state proven on {record['proven_on']} ({record['seconds']} s, "
                 f"torch {record['torch']}); recorded in {(LINE.patches / PROVEN).relative_to(forkbuild.ROOT)}"
             )
             return 0

@@ -51,6 +51,40 @@ def test_each_line_pins_its_own_registry_sdist():
     assert path.name == f"trl-{NEW}.tar.gz" and forkbuild.sha256_of(path) == new.sha256
 
 
+def test_trl_fork_sdist_of_one_line_does_not_break_the_other(tmp_path, monkeypatch):
+    """An offline 0.16.1 user's TRL_FORK_SDIST names 0.16.1's sdist: the 1.16.0 line leaves it alone (cache or pip),
+    the 0.16.1 line still uses and verifies it; a directory holding both serves each line its own."""
+    old, new = (forkbuild.load_base(forkbuild.get_line(n).patches) for n in ("0.16.1", NEW))
+    directory = tmp_path / "sdists"
+    directory.mkdir()
+    for base in (old, new):
+        (directory / base.sdist).write_bytes(forkbuild.fetch_sdist(base).read_bytes())
+    monkeypatch.setenv("TRL_FORK_SDIST", str(directory / old.sdist))
+    assert forkbuild.fetch_sdist(old) == directory / old.sdist
+    assert (
+        forkbuild.fetch_sdist(new) != directory / old.sdist
+        and forkbuild.sha256_of(forkbuild.fetch_sdist(new)) == new.sha256
+    )
+    monkeypatch.setenv("TRL_FORK_SDIST", str(directory))
+    assert forkbuild.fetch_sdist(old) == directory / old.sdist and forkbuild.fetch_sdist(new) == directory / new.sdist
+    (directory / new.sdist).write_bytes(b"corrupt")
+    with pytest.raises(forkbuild.BuildError, match=f"but the {NEW} line pins {new.sdist}"):
+        forkbuild.fetch_sdist(new)
+
+
+def test_new_line_refuses_an_old_python_in_one_line(monkeypatch, capsys):
+    """pip runs setup.py before it reads python_requires: an old Python gets one line, not a traceback."""
+    import forksetup
+
+    monkeypatch.setattr(sys, "version_info", (3, 10, 13, "final", 0))
+    with pytest.raises(SystemExit) as exit_info:
+        forksetup.fork_setup(
+            ROOT / "lines" / NEW, description="", bounds={}, fork_extras={}, python_requires=">=3.11", package_data={}
+        )
+    assert str(exit_info.value) == "error: this line of the TRL fork needs Python 3.11 or newer (this is Python 3.10)"
+
+
+@pytest.mark.skipif(sys.version_info < (3, 11), reason="the 1.16.0 line (its pyproject.toml, tomllib) needs 3.11+")
 def test_new_line_round_trip_and_metadata(tmp_path):
     line = forkbuild.get_line(NEW)
     forkbuild.check_roundtrip(line.patches)
@@ -129,6 +163,7 @@ def clone(tmp_path_factory) -> Path:
 
 
 @pytest.mark.build
+@pytest.mark.skipif(sys.version_info < (3, 11), reason="the 1.16.0 line needs Python 3.11+")
 def test_new_line_wheel_from_fresh_clone(clone, tmp_path):
     series = forkbuild.read_series(clone / "lines" / NEW / "patches")
     run(
