@@ -70,12 +70,10 @@ def config_classes() -> dict:
     found = {}
     for module in modules:
         for name in sorted(dir(module)):
+            if not name.endswith("Config"):
+                continue  # no getattr: TRL's lazy module would import every trainer (some need optional packages)
             cls = getattr(module, name)
-            if (
-                name.endswith("Config")
-                and isinstance(cls, type)
-                and "output_dir" in getattr(cls, "__dataclass_fields__", {})
-            ):
+            if isinstance(cls, type) and "output_dir" in getattr(cls, "__dataclass_fields__", {}):
                 found[name] = cls
     return found
 
