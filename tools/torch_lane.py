@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import os
 import re
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -155,16 +156,30 @@ class LanePlugin:
             write(f"skipped as the lane's FSDP2 limitation ({len(self.limited)} tests): {FSDP2_REASON}")
 
 
+# Patch test files the lane runs in a pytest process of their own, after the main session. The 2-process cases of
+# test_same_settings_on_every_process.py (forkserver workers) passed alone on torch 2.6 (4 passed, 36 s) but one of
+# them timed out (180 s) at the end of the lane's long session in a fresh-clone CI run (2026-11-26): run apart, they
+# start from a fresh interpreter, as under `make test`. Not diagnosed further yet (#25 note).
+ISOLATED = ("test_same_settings_on_every_process.py",)
+
+
 def main(argv: list[str]) -> int:
     tree = prove.tree_for("fork")
     patch_tests = forkbuild.patch_test_files(tree)
+    isolated = [path for path in patch_tests if path.name in ISOLATED]
+    patch_tests = [path for path in patch_tests if path.name not in ISOLATED]
     os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(tree), os.environ.get("PYTHONPATH")]))
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     sys.path.insert(0, str(tree))
     os.chdir(forkbuild.ROOT)
     args = ["-p", "no:cacheprovider", "-m", "not gpu", "tests/build", *map(str, patch_tests)]
     args += ["tests/dist/test_matrix.py", *argv]
-    return pytest.main(args, plugins=[LanePlugin(tree, patch_tests)])
+    code = pytest.main(args, plugins=[LanePlugin(tree, patch_tests)])
+    for path in isolated:  # own process; its exit code 5 (nothing collected) fails the lane like any other
+        print(f"\n[torch lane] {path.name} in a process of its own", flush=True)
+        result = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-m", "not gpu", str(path)])
+        code = code or result.returncode
+    return int(code)
 
 
 if __name__ == "__main__":
