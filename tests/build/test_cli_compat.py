@@ -8,9 +8,6 @@ options of every `trl` subcommand and of every trainer config class (as `TrlPars
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -24,28 +21,11 @@ import prove  # noqa: E402
 
 
 sys.path.insert(0, str(ROOT / "tests"))
-from harness.cli_options import added, problems  # noqa: E402
-
-
-# the dump runs in a fresh interpreter that imports `trl` from the tree
-DUMP = "import sys; sys.path.insert(0, sys.argv[2]); from harness.cli_options import dump; dump(sys.argv[1])"
+from harness.cli_options import added, dump_tree, problems  # noqa: E402
 
 
 def dump(tree: str, tmp_path: Path) -> dict:
-    path = prove.tree_for(tree)
-    env = dict(os.environ, PYTHONPATH=str(path), HF_HUB_OFFLINE="1")
-    out = tmp_path / f"{tree}.json"
-    result = subprocess.run(
-        [sys.executable, "-c", DUMP, str(out), str(ROOT / "tests")],
-        env=env,
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    return json.loads(out.read_text())
+    return dump_tree(prove.tree_for(tree), tmp_path / f"{tree}.json")
 
 
 @pytest.fixture(scope="module")

@@ -13,6 +13,7 @@ import argparse
 import importlib
 import json
 import sys
+from pathlib import Path
 
 
 def describe(parser: argparse.ArgumentParser) -> dict:
@@ -85,6 +86,27 @@ def dump(path: str) -> None:
     out.update({name: describe(TrlParser((cls,))) for name, cls in config_classes().items()})
     with open(path, "w") as handle:
         json.dump(out, handle)
+
+
+def dump_tree(tree: Path, out: Path) -> dict:
+    """The options as the ``trl`` of ``tree`` builds them, dumped by a fresh interpreter (this one's executable)."""
+    import os
+    import subprocess
+
+    tests = Path(__file__).resolve().parents[1]
+    code = "import sys; sys.path.insert(0, sys.argv[2]); from harness.cli_options import dump; dump(sys.argv[1])"
+    env = dict(os.environ, PYTHONPATH=str(tree), HF_HUB_OFFLINE="1", TRL_EXPERIMENTAL_SILENCE="1")
+    result = subprocess.run(
+        [sys.executable, "-c", code, str(out), str(tests)],
+        env=env,
+        cwd=tests.parent,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    return json.loads(Path(out).read_text())
 
 
 def problems(base: dict, fork: dict) -> list[str]:

@@ -6,9 +6,6 @@ trainer config class, including Online DPO's and GKD's in `trl.experimental`; th
 change one. The comparison is the 0.16.1 line's (tests/harness/cli_options.py).
 """
 
-import json
-import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -20,30 +17,16 @@ sys.path.insert(0, str(ROOT / "tools"))
 sys.path.insert(0, str(ROOT / "tests"))
 import forkbuild  # noqa: E402
 import prove  # noqa: E402
-from harness.cli_options import added, problems  # noqa: E402
+from harness.cli_options import added, dump_tree, problems  # noqa: E402
 
 
 LINE = forkbuild.get_line("1.16.0")
-DUMP = "import sys; sys.path.insert(0, sys.argv[2]); from harness.cli_options import dump; dump(sys.argv[1])"
 # Options the 1.16.0 line adds (none yet); each one added must be named here and in README.
 FORK_OPTIONS = set()
 
 
 def dump(tree: str, tmp_path: Path) -> dict:
-    path = prove.tree_for(tree, LINE)
-    env = dict(os.environ, PYTHONPATH=str(path), HF_HUB_OFFLINE="1", TRL_EXPERIMENTAL_SILENCE="1")
-    out = tmp_path / f"{tree}.json"
-    result = subprocess.run(
-        [sys.executable, "-c", DUMP, str(out), str(ROOT / "tests")],
-        env=env,
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    return json.loads(out.read_text())
+    return dump_tree(prove.tree_for(tree, LINE), tmp_path / f"{tree}.json")
 
 
 @pytest.fixture(scope="module")
