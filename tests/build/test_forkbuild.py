@@ -359,14 +359,6 @@ def test_reused_build_tree_still_verifies_trl_fork_sdist(built, tmp_path, monkey
 # ------------------------------------------------------------------------------------ builds from a clone
 
 
-@pytest.fixture(scope="module")
-def clone(tmp_path_factory) -> Path:
-    """A fresh clone of the committed state of this repository (what `pip install git+...` sees)."""
-    dest = tmp_path_factory.mktemp("clone") / "trl-fork"
-    run(["git", "clone", "--quiet", "--no-local", str(ROOT), str(dest)], check=True)
-    return dest
-
-
 @pytest.mark.build
 def test_wheel_from_fresh_clone(clone, tmp_path):
     series = forkbuild.read_series(clone / "patches")

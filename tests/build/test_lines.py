@@ -155,13 +155,6 @@ def test_committed_proof_records_match_the_committed_series():
 # ------------------------------------------------------------------------------------ builds from a clone
 
 
-@pytest.fixture(scope="module")
-def clone(tmp_path_factory) -> Path:
-    dest = tmp_path_factory.mktemp("clone") / "trl-fork"
-    run(["git", "clone", "--quiet", "--no-local", str(ROOT), str(dest)], check=True)
-    return dest
-
-
 @pytest.mark.build
 @pytest.mark.skipif(sys.version_info < (3, 11), reason="the 1.16.0 line needs Python 3.11+")
 def test_new_line_wheel_from_fresh_clone(clone, tmp_path):
