@@ -22,6 +22,7 @@ import shlex
 import subprocess
 import sys
 import time
+import warnings
 from pathlib import Path
 from unittest import mock
 
@@ -128,8 +129,17 @@ def _run_machines(envs, work):
             _kill_leftovers(list(m["seen"].values()))
     results = [(m["proc"].returncode, m["log"].read_text(errors="replace")) for m in machines]
     if stopped == "timed out" or any(code != 0 for code, _ in results):
+        if stopped != "timed out" and any(GLOO_ABORT in output for _, output in results):
+            raise GlooAbort(_failure_text(results, work, stopped))
         pytest.fail(_failure_text(results, work, stopped), pytrace=False)
     return results
+
+
+GLOO_ABORT = "(SIGABRT)"  # in torchrun's report of a worker that gloo aborted ("exitcode: -6 ... (SIGABRT)")
+
+
+class GlooAbort(Exception):
+    """A worker was aborted from inside gloo (SIGABRT, no Python error), as seen rarely on a loaded CPU."""
 
 
 def _failure_text(results, work, stopped):
@@ -150,11 +160,21 @@ def _printed_command(output):
 
 @pytest.mark.dist
 def test_two_machines_train_one_job(tiny_fixtures, tmp_path):
-    port = free_port()
-    config = derive_config("ddp", tmp_path / "config", device="cpu", num_processes=MACHINES)
-    envs = [_machine_env(tiny_fixtures, tmp_path, config, rank, port) for rank in range(MACHINES)]
-    started = time.perf_counter()
-    results = _run_machines(envs, tmp_path)
+    for attempt in (1, 2):  # a run that gloo aborts (SIGABRT, no Python error) is started once more, with a warning
+        work = tmp_path / f"attempt{attempt}"
+        port = free_port()
+        config = derive_config("ddp", work / "config", device="cpu", num_processes=MACHINES)
+        envs = [_machine_env(tiny_fixtures, work, config, rank, port) for rank in range(MACHINES)]
+        started = time.perf_counter()
+        try:
+            results = _run_machines(envs, work)
+            break
+        except GlooAbort as abort:
+            if attempt == 2:
+                pytest.fail(f"aborted inside gloo twice:\n{abort}", pytrace=False)
+            warnings.warn(
+                f"a worker was aborted inside gloo; starting the 2 machines once more:\n{abort}", stacklevel=1
+            )
     print(f"trl {_trl_version()}: 2 machines x 1 process, {STEPS} steps in {time.perf_counter() - started:.0f} s")
 
     # Each machine ran the accelerate command of the recipe, with its own machine rank and nothing else different
@@ -169,7 +189,7 @@ def test_two_machines_train_one_job(tiny_fixtures, tmp_path):
         commands[1], "--machine_rank", "--output_dir"
     ), commands
 
-    records = {p.name: json.loads(p.read_text()) for p in (tmp_path / "records").glob("rank*.json")}
+    records = {p.name: json.loads(p.read_text()) for p in (work / "records").glob("rank*.json")}
     assert sorted(records) == ["rank0.json", "rank1.json"], f"ranks that trained: {sorted(records)}"
     prompts = []
     for rank in range(MACHINES):
@@ -191,8 +211,8 @@ def test_two_machines_train_one_job(tiny_fixtures, tmp_path):
     assert not prompts[0] & prompts[1], "the two machines generated from the same prompts"
 
     # The final model is written by the main process only: on machine 0, in its OUTPUT_DIR
-    assert (tmp_path / "machine0" / "output" / "model.safetensors").is_file(), results[0][1][-3000:]
-    assert not list((tmp_path / "machine1").glob("output/*.safetensors")), "machine 1 wrote a model"
+    assert (work / "machine0" / "output" / "model.safetensors").is_file(), results[0][1][-3000:]
+    assert not list((work / "machine1").glob("output/*.safetensors")), "machine 1 wrote a model"
 
 
 # -------------------------------------------------------------------------------------- inputs and dry run
