@@ -19,7 +19,7 @@ VENV ?= $(PROJECT)/.venv
 EXTRAS ?= test,deepspeed,peft
 LINE_TESTS := $(PROJECT)/tests
 # tests of the 0.16.1 line's tree that run on every line (with the line's venv)
-SHARED_TESTS := tests/recipes/test_multi_machine.py
+SHARED_TESTS := tests/recipes/test_multi_machine.py tests/benchmarks/test_frozen_model_memory.py
 # the ruff release whose rules TRL 1.16.0's own tree passes (its pyproject selects rules explicitly)
 RUFF ?= ruff==0.16.10
 endif

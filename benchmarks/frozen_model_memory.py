@@ -1,41 +1,50 @@
-"""Memory of a frozen model (reference / reward / teacher) per rank under FSDP, base TRL 0.16.1 vs the fork.
+"""Memory of a frozen model (reference / reward / teacher) per rank, pristine TRL vs the fork, on either line.
 
-Issue #6. For FSDP1 and FSDP2 at N ranks on the CPU (gloo), the script prepares a randomly initialised Qwen2 model of
-about 125M parameters the way a trainer prepares its reference model, runs reference forward passes, and reports per
-rank:
+Issues #6 (0.16.1 line) and #27 (1.16.0 line). For FSDP1, FSDP2 and DeepSpeed ZeRO-3 at N ranks on the CPU (gloo),
+the script prepares a randomly initialised Qwen2 model of about 125M parameters the way a trainer prepares its frozen
+models, runs forward passes, and reports per rank:
 
 - resident: bytes of the frozen model's state held by the rank between forward passes;
 - peak: the most bytes of model state held at any point of a forward pass;
 - heap peak: resident + the largest growth of the process heap during the forward pass (this one also counts
   activations, logits and communication buffers).
 
-Variants (each in fresh processes):
+Variants (each in fresh processes; the line is the one of the `trl` given with ``--fork-trl``):
 
-- ``base``: TRL 0.16.1's GRPO / KTO / BCO / GKD path, ``accelerator.prepare_model(model, evaluation_mode=True)`` (the
-  Online DPO / PPO / RLOO path, ``model.to(device)``, holds the same bytes): a full replica on every rank.
-- ``base-dpo`` (FSDP1): TRL 0.16.1's ``prepare_fsdp`` (DPO), taken from the pristine tree given with ``--base-trl``.
-- ``root-only`` (FSDP2): ``fully_shard`` on the root module only, as the FSDP2 path of later upstream releases does.
+- ``base``: ``accelerator.prepare_model(model, evaluation_mode=True)``, a full replica on every rank. TRL 0.16.1:
+  the reference models of GRPO / KTO / BCO / GKD (Online DPO / PPO / RLOO: ``model.to(device)``, the same bytes);
+  TRL 1.16.0: the reward models of GRPO / RLOO / Online DPO and the teachers of GKD / distillation / GOLD / IW-OPD.
+- ``base-dpo``: pristine ``trl.models.prepare_fsdp``, taken from the pristine tree given with ``--base-trl``.
+  TRL 0.16.1: DPO's reference model (FSDP1 only); TRL 1.16.0: every reference model under FSDP (FSDP1: per layer,
+  the root kept gathered; FSDP2: ``fully_shard`` on the root only).
+- ``root-only`` (FSDP2, 0.16.1 line): ``fully_shard`` on the root module only, as later upstream releases do.
 - ``fork``: ``trl.models.prepare_frozen_model`` from the tree given with ``--fork-trl`` (default: the importable trl).
+- ZeRO-3 (``--backends zero3``): ``fork`` only; ``prepare_frozen_model`` calls ``prepare_deepspeed``, which pristine
+  TRL also uses for these models under ZeRO-3 (an inference engine partitioning the model), so it is the baseline
+  too.
 
 Measurement (CPU, no allocator statistics there):
 
 - model state = the bytes of every distinct storage reachable from the model's modules: parameters, buffers, tensor
   attributes (FSDP1 sets the unsharded views as plain attributes), and FSDP's own buffers: FSDP1's local shard and
-  padded unsharded flat parameter, FSDP2's padded local shard and all-gather outputs (the unsharded parameters).
+  padded unsharded flat parameter, FSDP2's padded local shard and all-gather outputs (the unsharded parameters),
+  ZeRO-3's partitions (``ds_tensor``) and gathered parameters.
   Views count once, through their storage, so a gathered unit counts at its full size. It is sampled in forward pre
-  and post hooks on every module (registered after FSDP's own hooks, so a unit is sampled while gathered), before and
-  after the forward.
+  and post hooks on every module (registered after FSDP's / DeepSpeed's own hooks, so a unit is sampled while
+  gathered), before and after the forward.
 - heap = glibc ``mallinfo2()`` bytes in use (all arenas and mmapped chunks): exact live bytes of the process, sampled
   at the same points. Not RSS, which does not go down when memory is freed.
 
-Targets checked (issue #6, on model state): resident <= (1/N + 5 %) of the full model; peak <= resident + the largest
-unit + 10 % of the full model, the unit being one decoder layer or the parameters outside the decoder layers
-(embeddings, output head, final norm), whichever is larger.
+Targets checked (issues #6 and #27, on model state): resident <= (1/N + 5 %) of the full model; peak <= resident +
+the largest unit + 10 % of the full model, the unit being one decoder layer or the parameters outside the decoder
+layers (embeddings, output head, final norm), whichever is larger.
 
-Usage:
-    python benchmarks/frozen_model_memory.py --fork-trl trl-src --base-trl build/trees/base [--json out.json]
+Usage (each line with its own virtual environment):
+    .venv/bin/python benchmarks/frozen_model_memory.py --fork-trl trl-src --base-trl build/trees/base
+    lines/1.16.0/.venv/bin/python benchmarks/frozen_model_memory.py \
+        --fork-trl lines/1.16.0/trl-src --base-trl lines/1.16.0/build/trees/base
 Short runs: 2 forward passes of a 2 x 64 token batch per variant; 1 to 3 minutes per variant on 2 shared CPU cores.
-Results: docs/frozen_models.md.
+Results: docs/frozen_models.md (0.16.1 line), lines/1.16.0/docs/frozen_models.md (1.16.0 line).
 """
 
 from __future__ import annotations
@@ -48,16 +57,24 @@ import os
 import sys
 import tempfile
 
-from _common import add_model_args, build_qwen2, free_port, set_rank_env
+from _common import add_model_args, build_qwen2, deepspeed_on_cpu, free_port, set_rank_env
 
 
-VARIANTS = {1: ("base", "base-dpo", "fork"), 2: ("base", "root-only", "fork")}
+VARIANTS = {
+    "0.16.1": {"fsdp1": ("base", "base-dpo", "fork"), "fsdp2": ("base", "root-only", "fork"), "zero3": ("fork",)},
+    "1.16.0": {"fsdp1": ("base", "base-dpo", "fork"), "fsdp2": ("base", "base-dpo", "fork"), "zero3": ("fork",)},
+}
+ZERO3 = {
+    "train_micro_batch_size_per_gpu": 1,
+    "zero_allow_untested_optimizer": True,
+    "zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": 0},
+}
 
 
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--ranks", type=int, default=2)
-    parser.add_argument("--fsdp-versions", default="1,2")
+    parser.add_argument("--backends", default="fsdp1,fsdp2,zero3", help="comma-separated subset of fsdp1,fsdp2,zero3")
     parser.add_argument("--variants", default=None, help="comma-separated subset of base,base-dpo,root-only,fork")
     parser.add_argument("--fork-trl", default=None, help="directory holding the fork's `trl` package")
     parser.add_argument("--base-trl", default=None, help="directory holding pristine TRL 0.16.1 (for base-dpo)")
@@ -66,6 +83,19 @@ def parse_args(argv=None):
     parser.add_argument("--seq", type=int, default=64)
     parser.add_argument("--json", default=None, help="write the results to this file")
     return parser.parse_args(argv)
+
+
+def trl_line(trl_dir):
+    """The line (base release) of the `trl` in `trl_dir` (or the importable one): "0.16.1" or "1.16.0"."""
+    import subprocess
+
+    code = "import trl, sys; sys.stdout.write(trl.__version__)"
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [trl_dir, os.environ.get("PYTHONPATH")])))
+    version = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True).stdout
+    for line in VARIANTS:
+        if version.split("+")[0] == line:
+            return line
+    raise SystemExit(f"trl {version} is neither line of the fork ({', '.join(VARIANTS)})")
 
 
 # ----------------------------------------------------------------------------------------------- measurement
@@ -114,6 +144,9 @@ def model_state_bytes(model) -> int:
     for module in model.modules():
         for tensor in list(module._parameters.values()) + list(module._buffers.values()):
             add(tensor)
+            add(
+                getattr(tensor, "ds_tensor", None)
+            )  # ZeRO-3: this rank's partition (`tensor` is empty unless gathered)
         for value in list(vars(module).values()):
             add(value)
         handle = getattr(module, "_handle", None)  # FSDP1
@@ -135,44 +168,29 @@ def model_state_bytes(model) -> int:
     return sum(storages.values())
 
 
-def _is_fsdp_unit(module):
-    return type(module).__name__ == "FullyShardedDataParallel" or type(module).__name__.startswith("FSDP")
+def _is_unit(module):
+    """An FSDP unit, or (ZeRO-3) a module with parameters of its own, which DeepSpeed gathers in its forward."""
+    if type(module).__name__ == "FullyShardedDataParallel" or type(module).__name__.startswith("FSDP"):
+        return True
+    return any(hasattr(p, "ds_id") for p in module.parameters(recurse=False))
 
 
 # ----------------------------------------------------------------------------------------------- worker
 
 
-def _worker(rank, world_size, port, options, variant, fsdp_version, result_dir):
+def _worker(rank, world_size, port, options, variant, backend, result_dir):
     set_rank_env(rank, world_size, port)
     trl_dir = options["base_trl"] if variant == "base-dpo" else options["fork_trl"]
     if trl_dir:
         sys.path.insert(0, os.path.abspath(trl_dir))
 
     import torch
-    from accelerate import Accelerator
-    from accelerate.state import AcceleratorState, PartialState
-    from accelerate.utils import DistributedType, FullyShardedDataParallelPlugin
 
     torch.set_num_threads(1)
-    plugin = FullyShardedDataParallelPlugin(
-        fsdp_version=fsdp_version,
-        auto_wrap_policy="transformer_based_wrap",
-        reshard_after_forward=True if fsdp_version == 2 else "FULL_SHARD",
-        state_dict_type="SHARDED_STATE_DICT",
-        sync_module_states=False,
-        cpu_ram_efficient_loading=False,
-    )
-    # Accelerate selects MULTI_CPU without an accelerator: configure the state as FSDP on the CPU explicitly.
-    init = AcceleratorState.__init__
-
-    def __init__(self, *args, **kwargs):
-        init(self, *args, **kwargs)
-        self.fsdp_plugin = plugin
-        self.distributed_type = PartialState._shared_state["distributed_type"] = DistributedType.FSDP
-        self.device = PartialState._shared_state["device"] = torch.device("cpu")
-
-    AcceleratorState.__init__ = __init__
-    accelerator = Accelerator(cpu=True)
+    if backend == "zero3":
+        accelerator = _zero3_accelerator()
+    else:
+        accelerator = _fsdp_accelerator(int(backend[-1]))
     heap = _heap_reader()
 
     model = build_qwen2(options)
@@ -191,7 +209,7 @@ def _worker(rank, world_size, port, options, variant, fsdp_version, result_dir):
         import trl.models
 
         if hasattr(trl.models, "prepare_frozen_model"):
-            raise SystemExit("--base-trl must point to pristine TRL 0.16.1")
+            raise SystemExit("--base-trl must point to a pristine TRL release")
         frozen = trl.models.prepare_fsdp(model, accelerator)
     elif variant == "root-only":
         from torch.distributed.fsdp import fully_shard
@@ -244,7 +262,7 @@ def _worker(rank, world_size, port, options, variant, fsdp_version, result_dir):
     resident = max(measured["resident_before"], measured["resident_after"])
     row = {
         "variant": variant,
-        "fsdp_version": fsdp_version,
+        "backend": backend,
         "rank": rank,
         "world_size": world_size,
         "num_params": num_params,
@@ -254,14 +272,63 @@ def _worker(rank, world_size, port, options, variant, fsdp_version, result_dir):
         "resident_after_first_forward": max(results[0]["resident_after"], results[1]["resident_before"]),
         "peak_bytes": measured["peak"],
         "heap_peak_bytes": resident + measured["heap_growth"] if measured["heap_growth"] is not None else None,
-        "wrapped_units": sum(_is_fsdp_unit(m) for m in frozen.modules()),
+        "wrapped_units": sum(_is_unit(m) for m in frozen.modules()),
     }
     row["resident_ok"] = row["resident_bytes"] <= (1 / world_size + 0.05) * full_bytes
     row["peak_ok"] = row["peak_bytes"] <= row["resident_bytes"] + largest_unit + 0.10 * full_bytes
-    with open(os.path.join(result_dir, f"{variant}-{fsdp_version}-{rank}.json"), "w") as f:
+    with open(os.path.join(result_dir, f"{variant}-{backend}-{rank}.json"), "w") as f:
         json.dump(row, f)
     torch.distributed.barrier()
     torch.distributed.destroy_process_group()
+
+
+def _fsdp_accelerator(fsdp_version):
+    import torch
+    from accelerate import Accelerator
+    from accelerate.state import AcceleratorState, PartialState
+    from accelerate.utils import DistributedType, FullyShardedDataParallelPlugin
+
+    plugin = FullyShardedDataParallelPlugin(
+        fsdp_version=fsdp_version,
+        auto_wrap_policy="transformer_based_wrap",
+        reshard_after_forward=True if fsdp_version == 2 else "FULL_SHARD",
+        state_dict_type="SHARDED_STATE_DICT",
+        sync_module_states=False,
+        cpu_ram_efficient_loading=False,
+    )
+    # Accelerate selects MULTI_CPU without an accelerator: configure the state as FSDP on the CPU explicitly.
+    init = AcceleratorState.__init__
+
+    def __init__(self, *args, **kwargs):
+        init(self, *args, **kwargs)
+        self.fsdp_plugin = plugin
+        self.distributed_type = PartialState._shared_state["distributed_type"] = DistributedType.FSDP
+        self.device = PartialState._shared_state["device"] = torch.device("cpu")
+
+    AcceleratorState.__init__ = __init__
+    return Accelerator(cpu=True)
+
+
+def _zero3_accelerator():
+    """What `prepare_frozen_model` reads of the accelerator under DeepSpeed ZeRO-3 (its type, the plugin's config and
+    stage, the main process): a stand-in, since Accelerate only selects DeepSpeed with an accelerator (or, from 1.10,
+    drops the plugin with ``ACCELERATE_USE_CPU``)."""
+    from types import SimpleNamespace
+
+    import deepspeed
+    import torch
+    from accelerate.utils import DistributedType
+
+    deepspeed_on_cpu()
+    deepspeed.init_distributed(dist_backend="gloo", auto_mpi_discovery=False)
+    plugin = SimpleNamespace(deepspeed_config=json.loads(json.dumps(ZERO3)), zero_stage=3)
+    return SimpleNamespace(
+        distributed_type=DistributedType.DEEPSPEED,
+        state=SimpleNamespace(deepspeed_plugin=plugin),
+        device=torch.device("cpu"),
+        num_processes=torch.distributed.get_world_size(),
+        is_main_process=torch.distributed.get_rank() == 0,
+    )
 
 
 # ----------------------------------------------------------------------------------------------- main
@@ -274,10 +341,14 @@ def main(argv=None):
     options = vars(args)
     if args.fork_trl is None:
         print("note: --fork-trl not given, using the importable trl for the fork variant", file=sys.stderr)
+    line = trl_line(args.fork_trl)
+    print(f"line {line}: trl from {args.fork_trl or 'the environment'}", file=sys.stderr)
     rows = []
     with tempfile.TemporaryDirectory() as result_dir:
-        for fsdp_version in [int(v) for v in args.fsdp_versions.split(",")]:
-            for variant in VARIANTS[fsdp_version]:
+        for backend in args.backends.split(","):
+            if backend not in VARIANTS[line]:
+                raise SystemExit(f"unknown backend {backend!r}: choose from {', '.join(VARIANTS[line])}")
+            for variant in VARIANTS[line][backend]:
                 if args.variants and variant not in args.variants.split(","):
                     continue
                 if variant == "base-dpo" and not args.base_trl:
@@ -285,13 +356,13 @@ def main(argv=None):
                     continue
                 mp.spawn(
                     _worker,
-                    args=(args.ranks, free_port(), options, variant, fsdp_version, result_dir),
+                    args=(args.ranks, free_port(), options, variant, backend, result_dir),
                     nprocs=args.ranks,
                 )
                 for rank in range(args.ranks):
-                    with open(os.path.join(result_dir, f"{variant}-{fsdp_version}-{rank}.json")) as f:
-                        rows.append(json.load(f))
-                print_rows([r for r in rows if r["variant"] == variant and r["fsdp_version"] == fsdp_version])
+                    with open(os.path.join(result_dir, f"{variant}-{backend}-{rank}.json")) as f:
+                        rows.append(dict(json.load(f), line=line))
+                print_rows([r for r in rows if r["variant"] == variant and r["backend"] == backend])
     print("\nSummary (rank 0; MiB; % of the full model)")
     print_rows([r for r in rows if r["rank"] == 0], header=True)
     if args.json:
@@ -304,14 +375,14 @@ def print_rows(rows, header=False):
     mib = 1 << 20
     if header:
         print(
-            f"{'FSDP':>4} {'variant':>10} {'rank':>4} {'units':>5} {'full':>7} {'resident':>15} {'peak fwd':>15} "
+            f"{'line':>6} {'backend':>7} {'variant':>10} {'rank':>4} {'units':>5} {'full':>7} {'resident':>15} {'peak fwd':>15} "
             f"{'heap peak':>15} {'largest unit':>12} {'targets':>8}"
         )
     for r in rows:
         full = r["full_bytes"]
         heap = r["heap_peak_bytes"]
         print(
-            f"{r['fsdp_version']:>4} {r['variant']:>10} {r['rank']:>4} {r['wrapped_units']:>5} {full / mib:7.1f} "
+            f"{r['line']:>6} {r['backend']:>7} {r['variant']:>10} {r['rank']:>4} {r['wrapped_units']:>5} {full / mib:7.1f} "
             f"{r['resident_bytes'] / mib:8.1f} ({100 * r['resident_bytes'] / full:3.0f}%) "
             f"{r['peak_bytes'] / mib:8.1f} ({100 * r['peak_bytes'] / full:3.0f}%) "
             + (f"{heap / mib:8.1f} ({100 * heap / full:3.0f}%) " if heap is not None else f"{'n/a':>15} ")
