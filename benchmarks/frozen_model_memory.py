@@ -19,9 +19,9 @@ Variants (each in fresh processes; the line is the one of the `trl` given with `
   the root kept gathered; FSDP2: ``fully_shard`` on the root only).
 - ``root-only`` (FSDP2, 0.16.1 line): ``fully_shard`` on the root module only, as later upstream releases do.
 - ``fork``: ``trl.models.prepare_frozen_model`` from the tree given with ``--fork-trl`` (default: the importable trl).
-- ZeRO-3 (``--backends zero3``): ``fork`` only; ``prepare_frozen_model`` calls ``prepare_deepspeed``, which pristine
-  TRL also uses for these models under ZeRO-3 (an inference engine partitioning the model), so it is the baseline
-  too.
+- ZeRO-3 (``--backends zero3``): ``base-dpo`` is the pristine tree's ``prepare_deepspeed`` (what pristine TRL uses
+  for these models under ZeRO-3), ``fork`` is ``prepare_frozen_model``, which calls the fork's (unchanged)
+  ``prepare_deepspeed``.
 
 Measurement (CPU, no allocator statistics there):
 
@@ -61,8 +61,16 @@ from _common import add_model_args, build_qwen2, deepspeed_on_cpu, free_port, se
 
 
 VARIANTS = {
-    "0.16.1": {"fsdp1": ("base", "base-dpo", "fork"), "fsdp2": ("base", "root-only", "fork"), "zero3": ("fork",)},
-    "1.16.0": {"fsdp1": ("base", "base-dpo", "fork"), "fsdp2": ("base", "base-dpo", "fork"), "zero3": ("fork",)},
+    "0.16.1": {
+        "fsdp1": ("base", "base-dpo", "fork"),
+        "fsdp2": ("base", "root-only", "fork"),
+        "zero3": ("base-dpo", "fork"),
+    },
+    "1.16.0": {
+        "fsdp1": ("base", "base-dpo", "fork"),
+        "fsdp2": ("base", "base-dpo", "fork"),
+        "zero3": ("base-dpo", "fork"),
+    },
 }
 ZERO3 = {
     "train_micro_batch_size_per_gpu": 1,
@@ -144,9 +152,8 @@ def model_state_bytes(model) -> int:
     for module in model.modules():
         for tensor in list(module._parameters.values()) + list(module._buffers.values()):
             add(tensor)
-            add(
-                getattr(tensor, "ds_tensor", None)
-            )  # ZeRO-3: this rank's partition (`tensor` is empty unless gathered)
+            # ZeRO-3: this rank's partition (`tensor` itself is empty unless gathered)
+            add(getattr(tensor, "ds_tensor", None))
         for value in list(vars(module).values()):
             add(value)
         handle = getattr(module, "_handle", None)  # FSDP1
@@ -210,7 +217,10 @@ def _worker(rank, world_size, port, options, variant, backend, result_dir):
 
         if hasattr(trl.models, "prepare_frozen_model"):
             raise SystemExit("--base-trl must point to a pristine TRL release")
-        frozen = trl.models.prepare_fsdp(model, accelerator)
+        if backend == "zero3":
+            frozen = trl.models.prepare_deepspeed(model, accelerator)
+        else:
+            frozen = trl.models.prepare_fsdp(model, accelerator)
     elif variant == "root-only":
         from torch.distributed.fsdp import fully_shard
 
@@ -271,6 +281,7 @@ def _worker(rank, world_size, port, options, variant, backend, result_dir):
         "resident_bytes": resident,
         "resident_after_first_forward": max(results[0]["resident_after"], results[1]["resident_before"]),
         "peak_bytes": measured["peak"],
+        "first_peak_bytes": results[0]["peak"],  # the first forward also runs FSDP's lazy initialization
         "heap_peak_bytes": resident + measured["heap_growth"] if measured["heap_growth"] is not None else None,
         "wrapped_units": sum(_is_unit(m) for m in frozen.modules()),
     }
@@ -376,6 +387,7 @@ def print_rows(rows, header=False):
     if header:
         print(
             f"{'line':>6} {'backend':>7} {'variant':>10} {'rank':>4} {'units':>5} {'full':>7} {'resident':>15} {'peak fwd':>15} "
+            f"{'1st fwd':>15} "
             f"{'heap peak':>15} {'largest unit':>12} {'targets':>8}"
         )
     for r in rows:
@@ -385,6 +397,7 @@ def print_rows(rows, header=False):
             f"{r['line']:>6} {r['backend']:>7} {r['variant']:>10} {r['rank']:>4} {r['wrapped_units']:>5} {full / mib:7.1f} "
             f"{r['resident_bytes'] / mib:8.1f} ({100 * r['resident_bytes'] / full:3.0f}%) "
             f"{r['peak_bytes'] / mib:8.1f} ({100 * r['peak_bytes'] / full:3.0f}%) "
+            f"{r['first_peak_bytes'] / mib:8.1f} ({100 * r['first_peak_bytes'] / full:3.0f}%) "
             + (f"{heap / mib:8.1f} ({100 * heap / full:3.0f}%) " if heap is not None else f"{'n/a':>15} ")
             + f"{r['largest_unit_bytes'] / mib:12.1f} "
             f"{('ok' if r['resident_ok'] else 'RES') + '/' + ('ok' if r['peak_ok'] else 'PEAK'):>8}"
