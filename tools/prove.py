@@ -18,8 +18,10 @@ lists the cells that flip.
 
 A table that proves every patch records the proven state in the line's ``patches/proven.json``: a hash of what the
 proof depends on (the pinned base, the series and every patch with its tests, the line's dependency bounds, and
-the revisions of the way trees are built and patches proven). Commit it with the patches. ``--skip-if-proven`` (CI) skips the proof when the current state hashes
-to the recorded one, byte for byte, and runs it in full otherwise: any change to a patch is always proven again.
+the revisions of the way trees are built and patches proven), and the same hash per patch over the series up to it.
+Commit it with the patches. ``--skip-if-proven`` (CI) skips the proof when the current state hashes to the recorded
+one, byte for byte; otherwise it proves every patch whose own state differs from its record (a changed patch and
+every patch after it) and carries the others over: any change to a patch is always proven again.
 """
 
 from __future__ import annotations
@@ -82,22 +84,40 @@ def proof_state() -> str:
     return digest.hexdigest()
 
 
+def patch_states() -> dict[str, str]:
+    """Per patch, a hash of what the proof of that patch alone depends on: the pinned base, the line's dependency
+    bounds, the revisions, and every patch of the series up to it, in order (the tree before it and the tree with
+    it). A change to a patch changes its state and those of the patches after it, never those before it."""
+    digest = hashlib.sha256(f"{forkbuild.TOOL_REVISION}/{PROOF_REVISION}".encode())
+    for path in (LINE.patches / "base.json", LINE.project / "setup.py"):
+        digest.update(path.relative_to(forkbuild.ROOT).as_posix().encode() + b"\0")
+        digest.update(path.read_bytes() + b"\0")
+    states = {}
+    for name in forkbuild.read_series(LINE.patches):
+        digest.update(name.encode() + b"\0" + (LINE.patches / name).read_bytes() + b"\0")
+        states[name] = digest.copy().hexdigest()
+    return states
+
+
 def recorded_proof() -> dict:
     path = LINE.patches / PROVEN
     return json.loads(path.read_text()) if path.is_file() else {}
 
 
-def record_proof(seconds: float, n_patches: int) -> None:
+def record_proof(seconds: float, n_patches: int, reproven: int | None = None) -> None:
     import torch
 
     record = {
         "state": proof_state(),
         "patches": n_patches,
+        "patch_states": patch_states(),
         "proven_on": datetime.date.today().isoformat(),
         "seconds": round(seconds),
         "python": platform.python_version(),
         "torch": torch.__version__,
     }
+    if reproven is not None and reproven < n_patches:
+        record["reproven"] = reproven  # the others' proofs were carried over from the previous record
     (LINE.patches / PROVEN).write_text(json.dumps(record, indent=1) + "\n")
     print(f"recorded the proven state in {(LINE.patches / PROVEN).relative_to(forkbuild.ROOT)}: commit it")
 
@@ -171,6 +191,7 @@ def measure(tree: Path, args: list[str], log: Path, expect_failures: bool = Fals
 
 def table(matrix: bool, extra: list[str], against_base: bool = False, skip_if_proven: bool = False) -> int:
     series = forkbuild.read_series(LINE.patches)
+    already_proven = set()
     if skip_if_proven:
         record = recorded_proof()
         if record.get("state") == proof_state():
@@ -179,13 +200,26 @@ def table(matrix: bool, extra: list[str], against_base: bool = False, skip_if_pr
                 f"are byte-identical to the state proven on {record['proven_on']} ({record['seconds']} s, "
                 f"torch {record['torch']}); recorded in {(LINE.patches / PROVEN).relative_to(forkbuild.ROOT)}"
             )
+            if "patch_states" not in record:  # a record of the whole state covers each patch's own state
+                record["patch_states"] = patch_states()
+                (LINE.patches / PROVEN).write_text(json.dumps(record, indent=1) + "\n")
+                print(f"[prove] added each patch's state to {PROVEN}: commit it")
             return 0
+        # A patch whose own state (the series up to it) is the one recorded was proven on exactly these trees
+        recorded = record.get("patch_states", {})
+        already_proven = {name for name, state in patch_states().items() if recorded.get(name) == state}
         why = "no proven state recorded" if not record else "the state changed since the recorded proof"
-        print(f"[prove] {LINE.name} line: {why}; proving every patch")
+        print(
+            f"[prove] {LINE.name} line: {why}; proving {len(series) - len(already_proven)} of {len(series)} patches "
+            f"(the others are byte-identical, with every patch before them, to their recorded proof)"
+        )
     start = time.monotonic()
     base_tree = tree_for("base")
     rows, ok = [], True
     for index, name in enumerate(series, start=1):
+        if name in already_proven:
+            rows.append((name, "-", "proven before (recorded)", "-", "OK"))
+            continue
         before_tree = base_tree if against_base else tree_for(str(index - 1))
         after_tree = tree_for(str(index))
         tests = forkbuild.patch_test_names(LINE.patches / name)
@@ -230,7 +264,7 @@ def table(matrix: bool, extra: list[str], against_base: bool = False, skip_if_pr
     print(f"\n(pytest output of every run: {logs_dir()})")
     print("result:", "every patch proven" if ok else "NOT every patch is proven (see above)")
     if ok and not extra and not against_base:  # the whole proof, as CI runs it
-        record_proof(time.monotonic() - start, len(series))
+        record_proof(time.monotonic() - start, len(series), reproven=len(series) - len(already_proven))
     return 0 if ok else 1
 
 
