@@ -42,6 +42,7 @@ Usage (10 to 20 minutes on 2 shared CPU cores with the defaults):
 from __future__ import annotations
 
 import argparse
+import contextlib
 import copy
 import datetime
 import functools
@@ -299,19 +300,39 @@ def _worker(rank, world_size, backend, port, a, out_dir):
         unwrap_model=extract_model_from_parallel,
     )
     result["resident_bytes"] = _param_storage_bytes(wrapped)
-    variants = [("default", False, None), ("disabled", True, None)]
+    parameters = inspect.signature(unwrap_model_for_generation.__wrapped__).parameters
+    budget_mb = {p: p / 100 * 4 * full_numel / 2**20 for p in a.budgets}
+    if "disable_unwrapping" in parameters:  # the 0.16.1 line: a default and a keep-sharded mode, budgets in the latter
+        result["default_gathers"] = True
+        variants = [("default", {"disable_unwrapping": False}, None), ("disabled", {"disable_unwrapping": True}, None)]
+        if "gather_budget_mb" in parameters:
+            variants += [
+                (f"budget {p}%", {"disable_unwrapping": True, "gather_budget_mb": budget_mb[p]}, p) for p in a.budgets
+            ]
+    else:
+        # TRL 1.x: ZeRO-3 gathers the whole model by default and lets DeepSpeed gather each module at each forward
+        # with `gather_deepspeed3_params=False`; FSDP has one mode, every layer gathered at each forward. The budget
+        # (the 1.16.0 line of the fork) also goes to 0
+        result["default_gathers"] = backend.startswith("zero3")
+        variants = [("default", {}, None)]
+        if backend.startswith("zero3"):
+            variants.append(("sharded", {"gather_deepspeed3_params": False}, None))
+        if "gather_budget_mb" in parameters:
+            budget_mb.setdefault(0, 0.0)
+            variants += [(f"budget {p}%", {"gather_budget_mb": budget_mb[p]}, p) for p in sorted(budget_mb)]
     if a.default_only:
-        variants = [("default", None, None)]
-    elif "gather_budget_mb" in inspect.signature(unwrap_model_for_generation.__wrapped__).parameters:
-        variants += [(f"budget {p}%", True, p) for p in a.budgets]
+        variants = [("default", {}, None)]
     result["variants"] = [name for name, *_ in variants]
-    for mode, disabled, budget_percent in variants:
-        kwargs = {} if disabled is None else {"disable_unwrapping": disabled}
-        if budget_percent is not None:
-            kwargs["gather_budget_mb"] = budget_percent / 100 * 4 * full_numel / 2**20
+    root_context = contextlib.nullcontext
+    if backend == "fsdp1" and "disable_unwrapping" not in parameters:
+        from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+
+        # As TRL 1.x's trainers do: the root's own parameters unsharded for generate, the layers gather themselves
+        root_context = functools.partial(FSDP.summon_full_params, wrapped, recurse=False)
+    for mode, kwargs, budget_percent in variants:
 
         def generate(timings, sample=False, kwargs=kwargs):
-            with unwrap_model_for_generation(wrapped, accelerator, **kwargs) as unwrapped_model:
+            with unwrap_model_for_generation(wrapped, accelerator, **kwargs) as unwrapped_model, root_context():
                 sampler = _PeakSampler(unwrapped_model, wrapped) if sample else None
                 try:
                     return decode(unwrapped_model, timings), sampler
@@ -348,6 +369,7 @@ def summarize(results, ranks):
         plain_peak = max(r["plain"]["peak_bytes"] for r in per_rank)
         rows.append((backend, "plain", plain_peak, plain_peak / full, None, None, None, None))
         ratios = {}
+        default_gathers = r0.get("default_gathers", True)
         for variant in r0.get("variants", ["default", "disabled"]):
             peak = max(r[variant]["peak_bytes"] for r in per_rank)
             speed = min(r[variant]["tokens_per_s"] for r in per_rank)
@@ -357,7 +379,7 @@ def summarize(results, ranks):
             gather = max(r[variant]["gather_and_release_s"] for r in per_rank)
             ratios[variant] = ratio
             rows.append((backend, variant, peak, peak / full, speed, ratio, block_ratio, gather, plain_speed))
-            if variant == "default":
+            if variant == "default" and default_gathers:
                 continue
             # Targets: peak <= 1/N + budget + the largest unit + 10 % of the model (issues #7 and #17)
             bound = full / ranks + r0[variant].get("budget_bytes", 0) + unit + 0.10 * full
@@ -375,6 +397,8 @@ def summarize(results, ranks):
                     "outputs_match_plain": all(r[variant]["matches_plain"] for r in per_rank),
                 }
             )
+        if not default_gathers:  # TRL 1.x under FSDP: the default mode keeps the model sharded, checked above
+            continue
         checks.append(
             {
                 "backend": backend,
@@ -445,7 +469,7 @@ def main(argv=None):
         print(line)
     print()
     for c in checks:
-        if c["variant"] == "default":
+        if c["variant"] == "default" and "default_speed_ok" in c:
             print(
                 f"{c['backend']:<16}default: speed {c['speed_ratio']:.0%} of plain "
                 f"({'OK' if c['default_speed_ok'] else 'MISSED'}, target 90 %); outputs match plain: "

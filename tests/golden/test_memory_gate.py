@@ -35,13 +35,12 @@ SLACK = 1.02  # the fork may hold at most 2 % more than the base at its peak
 TIMEOUT = 900
 
 
-@pytest.fixture(scope="module")
-def peaks(tmp_path_factory):
-    """``{tree: {backend: [per-rank result]}}`` for the base and the fork."""
+def measure(trees, backends, tmp_path_factory):
+    """``{tree: {backend: [per-rank result]}}`` of the default mode, for each tree of ``trees`` (name -> path)."""
     out = {}
-    for tree, path in tree_paths().items():
+    for tree, path in trees.items():
         json_path = tmp_path_factory.mktemp(f"memory-{tree}") / "result.json"
-        command = [sys.executable, str(BENCHMARK), "--trl", str(path), "--backends", ",".join(BACKENDS)]
+        command = [sys.executable, str(BENCHMARK), "--trl", str(path), "--backends", ",".join(backends)]
         command += ["--default-only", *MODEL, *GENERATION, "--json", str(json_path)]
         done = subprocess.run(command, capture_output=True, text=True, timeout=TIMEOUT, cwd=REPO_ROOT)
         assert done.returncode == 0, f"{tree}: benchmark failed\n{done.stdout[-3000:]}\n{done.stderr[-6000:]}"
@@ -50,8 +49,7 @@ def peaks(tmp_path_factory):
     return out
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
-def test_default_path_generation_memory(peaks, backend):
+def check_default_path_memory(peaks, backend, base_name):
     base, fork = peaks["base"][backend], peaks["fork"][backend]
     assert len(base) == len(fork) == 2
     for b, f in zip(base, fork):
@@ -61,7 +59,17 @@ def test_default_path_generation_memory(peaks, backend):
         assert 0 < b["default"]["peak_bytes"] and 0 < f["default"]["peak_bytes"], where
         assert f["default"]["peak_bytes"] <= b["default"]["peak_bytes"] * SLACK, (
             f"{where}: the fork's default mode peaks at {f['default']['peak_bytes']:,} bytes of parameters while "
-            f"generating, TRL 0.16.1 at {b['default']['peak_bytes']:,} (full model: {b['full_bytes']:,})"
+            f"generating, {base_name} at {b['default']['peak_bytes']:,} (full model: {b['full_bytes']:,})"
         )
         assert f["default"]["matches_plain"] or not b["default"]["matches_plain"], where
         assert f["resident_bytes"] == b["resident_bytes"], where
+
+
+@pytest.fixture(scope="module")
+def peaks(tmp_path_factory):
+    return measure(tree_paths(), BACKENDS, tmp_path_factory)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_default_path_generation_memory(peaks, backend):
+    check_default_path_memory(peaks, backend, "TRL 0.16.1")
