@@ -21,8 +21,8 @@ from harness.cli_options import added, dump_tree, problems  # noqa: E402
 
 
 LINE = forkbuild.get_line("1.16.0")
-# Options the 1.16.0 line adds (none yet); each one added must be named here and in README.
-FORK_OPTIONS = set()
+# Options the 1.16.0 line adds; each one added must be named here and in README.
+FORK_OPTIONS = {"--generation_gather_budget_mb", "--generation-gather-budget-mb"}
 
 
 def dump(tree: str, tmp_path: Path) -> dict:
