@@ -70,28 +70,30 @@ PROVEN = "proven.json"
 PROOF_REVISION = "1"
 
 
+def _salted_digest(*paths: Path):
+    """A sha256 salted with the revisions of tree building and proving, fed with each path's name and bytes."""
+    digest = hashlib.sha256(f"{forkbuild.TOOL_REVISION}/{PROOF_REVISION}".encode())
+    for path in paths:
+        digest.update(path.relative_to(forkbuild.ROOT).as_posix().encode() + b"\0")
+        digest.update(path.read_bytes() + b"\0")
+    return digest
+
+
 def proof_state() -> str:
     """A hash of everything the proof of the line depends on: the pinned base, the series, every patch (its tests
     are inside it), the line's setup.py (dependency bounds) and the revision of the way trees are built
     (``forkbuild.TOOL_REVISION``). Bump ``PROOF_REVISION`` when the way patches are proven changes."""
-    digest = hashlib.sha256(f"{forkbuild.TOOL_REVISION}/{PROOF_REVISION}".encode())
-    files = [LINE.patches / "base.json", LINE.patches / "series"]
-    files += [LINE.patches / name for name in forkbuild.read_series(LINE.patches)]
-    files += [LINE.project / "setup.py"]
-    for path in files:
-        digest.update(path.relative_to(forkbuild.ROOT).as_posix().encode() + b"\0")
-        digest.update(path.read_bytes() + b"\0")
-    return digest.hexdigest()
+    patches = [LINE.patches / name for name in forkbuild.read_series(LINE.patches)]
+    return _salted_digest(
+        LINE.patches / "base.json", LINE.patches / "series", *patches, LINE.project / "setup.py"
+    ).hexdigest()
 
 
 def patch_states() -> dict[str, str]:
     """Per patch, a hash of what the proof of that patch alone depends on: the pinned base, the line's dependency
     bounds, the revisions, and every patch of the series up to it, in order (the tree before it and the tree with
     it). A change to a patch changes its state and those of the patches after it, never those before it."""
-    digest = hashlib.sha256(f"{forkbuild.TOOL_REVISION}/{PROOF_REVISION}".encode())
-    for path in (LINE.patches / "base.json", LINE.project / "setup.py"):
-        digest.update(path.relative_to(forkbuild.ROOT).as_posix().encode() + b"\0")
-        digest.update(path.read_bytes() + b"\0")
+    digest = _salted_digest(LINE.patches / "base.json", LINE.project / "setup.py")
     states = {}
     for name in forkbuild.read_series(LINE.patches):
         digest.update(name.encode() + b"\0" + (LINE.patches / name).read_bytes() + b"\0")
