@@ -22,7 +22,12 @@ from harness.cli_options import added, dump_tree, problems  # noqa: E402
 
 LINE = forkbuild.get_line("1.16.0")
 # Options the 1.16.0 line adds; each one added must be named here and in README.
-FORK_OPTIONS = {"--generation_gather_budget_mb", "--generation-gather-budget-mb"}
+FORK_OPTIONS = {
+    "--generation_gather_budget_mb",
+    "--generation-gather-budget-mb",
+    "--vllm_server_request_timeout",
+    "--vllm-server-request-timeout",
+}
 
 
 def dump(tree: str, tmp_path: Path) -> dict:

@@ -1,0 +1,214 @@
+"""Peak extra memory of a LoRA policy's weight sync to vLLM on the 1.16.0 line: pristine TRL 1.16.0 vs the fork.
+
+Issue #28. At N CPU ranks (gloo), for ZeRO-3, FSDP1 and FSDP2, the script builds a randomly initialised Qwen2 model
+(``--sizes``: ``100m`` is 12 layers, hidden 768, vocabulary 16,000, about 100M parameters; ``500m`` is 28 layers,
+hidden 1024, intermediate 4096, vocabulary 32,000, about 500M), puts LoRA (rank 16, random adapters) on every linear
+layer of the decoder, wraps it as a trainer does (Accelerate with the test harness's FSDP-on-CPU shim, or
+``deepspeed.initialize`` with ZeRO-3, every parameter partitioned), and streams its weights with
+``VLLMGeneration._iter_named_params`` to a stand-in that reads each tensor on the main process, as GRPO's sync does
+(the other ranks take part in the gathers):
+
+- ``fork``: the fork's path (patch 0016): one unit gathered at a time, each LoRA layer merged into a copy;
+- ``pristine``: TRL 1.16.0's path, which the fork keeps for other PEFT methods (``_merges_per_unit`` forced off): every
+  parameter gathered at once (ZeRO-3), ``merge_adapter()`` in place, read, ``unmerge_adapter()``. Measured after
+  ``fork``, as it modifies the weights.
+
+Peak extra per rank: the process's peak resident memory during the sync minus its resident memory right before it
+(``VmHWM`` after resetting it; glibc ``mmap``s every block of 64 KiB or more, so freed buffers leave at once).
+Target (issue #28): ``fork`` <= the largest unit (full, bytes) + 10 %; units are the decoder layers and the rest of
+the model (embeddings, head, norm). The fork's sync is checked against the pristine one: same names, same values
+(per-tensor float64 sums, 1e-5 relative).
+
+Needs the 1.16.0 line's environment (``lines/1.16.0/.venv``, its tree's tests for the FSDP-on-CPU shim):
+    lines/1.16.0/.venv/bin/python benchmarks/peft_sync_memory.py [--sizes 100m,500m] [--backends zero3,fsdp1,fsdp2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import sys
+import tempfile
+import time
+
+from _common import MIB, build_qwen2, mmap_large_blocks, peak_extra
+
+
+BACKENDS = ("zero3", "fsdp1", "fsdp2")
+SIZES = {
+    "100m": {"layers": 12, "hidden": 768, "intermediate": 2048, "vocab": 16000},
+    "500m": {"layers": 28, "hidden": 1024, "intermediate": 4096, "vocab": 32000},
+}
+
+
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--ranks", type=int, default=2)
+    parser.add_argument("--sizes", default="100m,500m")
+    parser.add_argument("--backends", default=",".join(BACKENDS))
+    parser.add_argument("--json", default=None, help="write the results to this file")
+    return parser.parse_args(argv)
+
+
+def _tests_dir():
+    import trl
+
+    tests = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(trl.__file__))), "tests")
+    if not os.path.exists(os.path.join(tests, "test_vllm_peft_sync_per_unit.py")):
+        sys.exit(f"{tests}: not the 1.16.0 line's tree with patch 0016's tests (run with lines/1.16.0/.venv)")
+    return tests
+
+
+def _wrap(backend, model):
+    """The policy wrapped as a trainer wraps it; returns (the module VLLMGeneration holds, the accelerator)."""
+    import torch
+    from accelerate import Accelerator
+    from test_generation_gather_budget import ZERO3, make_accelerator
+    from test_prepare_fsdp import make_fsdp_plugin, use_fsdp_on_cpu
+
+    if backend == "zero3":
+        import deepspeed
+
+        accelerator = make_accelerator("zero3")
+        return deepspeed.initialize(model=model, config=ZERO3)[0].module, accelerator
+    plugin = make_fsdp_plugin(int(backend[-1]))
+    plugin.use_orig_params = True  # PEFT under FSDP1 needs original parameters
+    use_fsdp_on_cpu(plugin)
+    accelerator = Accelerator()
+    accelerator.prepare(model, torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=0.0))
+    return model, accelerator
+
+
+def _largest_unit(model):
+    from transformers.models.qwen2.modeling_qwen2 import Qwen2DecoderLayer
+
+    def base_bytes(module):
+        return sum(p.numel() * p.element_size() for n, p in module.named_parameters() if "lora_" not in n)
+
+    total = base_bytes(model)
+    layers = [base_bytes(m) for m in model.modules() if isinstance(m, Qwen2DecoderLayer)]
+    return max(max(layers), total - sum(layers)), total
+
+
+def _bench(size, backend, out_dir):
+    import torch
+    import torch.distributed as dist
+    from peft import LoraConfig, get_peft_model
+
+    sys.path.insert(0, _tests_dir())
+    import trl.generation.vllm_generation as vllm_generation
+    from trl.distributed import DistributedBackend
+
+    torch.set_num_threads(1)
+    options = SIZES[size]
+    model = build_qwen2(options)
+    largest_unit, total = _largest_unit(model)
+    targets = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+    lora = LoraConfig(r=16, lora_alpha=32, target_modules=targets, init_lora_weights=False)
+    model = get_peft_model(model, lora)
+    inner, accelerator = _wrap(backend, model)
+    generation = vllm_generation.VLLMGeneration.__new__(vllm_generation.VLLMGeneration)
+    generation.model, generation.accelerator = inner, accelerator
+    generation._dist = DistributedBackend(accelerator)
+    rank = dist.get_rank()
+
+    def sync():
+        sums = {}
+        for name, tensor in generation._iter_named_params():
+            if rank == 0:  # the main process reads what it sends
+                sums[name] = tensor.double().sum().item()
+        return sums
+
+    merges_per_unit = vllm_generation._merges_per_unit
+    results = {}
+    for variant in ("fork", "pristine"):
+        vllm_generation._merges_per_unit = merges_per_unit if variant == "fork" else (lambda model: False)
+        gc.collect()
+        dist.barrier()
+        error = None
+        with peak_extra() as peak:
+            start = time.perf_counter()
+            try:
+                sums = sync()
+            except Exception as exc:
+                error, sums = f"{type(exc).__name__}: {str(exc)[:120]}", None
+            seconds = time.perf_counter() - start
+        results[variant] = {"peak_extra": peak.bytes, "seconds": seconds, "error": error, "sums": sums}
+        if error is not None:
+            break  # the processes are no longer in step
+        dist.barrier()
+    result = {"rank": rank, "largest_unit": largest_unit, "total": total, **results}
+    with open(os.path.join(out_dir, f"{rank}.json"), "w") as f:
+        json.dump(result, f)
+
+
+def run(size, backend, ranks):
+    from test_prepare_fsdp import _run_processes
+
+    with tempfile.TemporaryDirectory() as out_dir:
+        try:
+            _run_processes(_bench, (size, backend, out_dir), ranks, 1800)
+        except Exception as exc:  # a process that crashed: what the others wrote is still reported
+            print(f"[{size} {backend}] {type(exc).__name__}: {str(exc).splitlines()[0][:200]}", file=sys.stderr)
+        results = []
+        for rank in range(ranks):
+            path = os.path.join(out_dir, f"{rank}.json")
+            if os.path.exists(path):
+                with open(path) as f:
+                    results.append(json.load(f))
+    return results
+
+
+def check_same(results):
+    main = next(r for r in results if r["rank"] == 0)
+    fork, pristine = main["fork"]["sums"], (main.get("pristine") or {}).get("sums")
+    if fork is None or pristine is None:
+        return "n/a"
+    if sorted(fork) != sorted(pristine):
+        return f"names differ: {sorted(set(fork) ^ set(pristine))[:4]}"
+    worst = max(abs(fork[n] - pristine[n]) / max(1.0, abs(pristine[n])) for n in fork)
+    return "same" if worst < 1e-5 else f"values differ ({worst:.1e})"
+
+
+def main(argv=None):
+    options = parse_args(argv)
+    mmap_large_blocks()
+    sys.path.insert(0, _tests_dir())
+    rows = []
+    print("| size | backend | params | largest unit | variant | peak extra / rank (max) | vs unit + 10 % | time | output |")
+    print("| --- | --- | ---: | ---: | --- | ---: | --- | ---: | --- |")
+    for size in options.sizes.split(","):
+        for backend in options.backends.split(","):
+            results = run(size, backend, options.ranks)
+            if not results:
+                print(f"| {size} | {backend} | | | | no result | | | |")
+                continue
+            same = check_same(results)
+            unit, total = results[0]["largest_unit"], results[0]["total"]
+            for variant in ("fork", "pristine"):
+                per_rank = [r.get(variant) for r in results]
+                if any(v is None for v in per_rank):
+                    continue
+                errors = [v["error"] for v in per_rank if v["error"]]
+                peak = max(v["peak_extra"] for v in per_rank)
+                seconds = max(v["seconds"] for v in per_rank)
+                bound = 1.1 * unit
+                verdict = "fails: " + errors[0] if errors else ("ok" if peak <= bound else "over")
+                row = dict(size=size, backend=backend, params=total // 4, largest_unit=unit, variant=variant,
+                           peak_extra=peak, seconds=seconds, verdict=verdict, output=same)
+                rows.append(row)
+                print(
+                    f"| {size} | {backend} | {total / 4 / 1e6:.1f}M | {unit / MIB:.1f} MiB | {variant} | "
+                    f"{peak / MIB:.1f} MiB ({peak / unit:.0%} of the unit, {peak / total:.0%} of the model) | "
+                    f"{verdict} | {seconds:.1f} s | {same} |",
+                    flush=True,
+                )
+    if options.json:
+        with open(options.json, "w") as f:
+            json.dump(rows, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
