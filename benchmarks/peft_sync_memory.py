@@ -240,7 +240,9 @@ def main(argv=None):
     mmap_large_blocks()
     sys.path.insert(0, _tests_dir())
     rows = []
-    print("| size | backend | params | largest unit | variant | peak extra / rank (max) | <= one unit + 10 % | time | output |")
+    print(
+        "| size | backend | params | largest unit | variant | peak extra / rank (max) | <= one unit + 10 % | time | output |"
+    )
     print("| --- | --- | ---: | ---: | --- | ---: | --- | ---: | --- |")
     for size in options.sizes.split(","):
         for backend in options.backends.split(","):
@@ -261,8 +263,17 @@ def main(argv=None):
                 bound = 1.1 * one_unit
                 verdict = "fails: " + errors[0] if errors else ("ok" if peak <= bound else "over")
                 verdict = "-" if variant == "one unit" else verdict
-                row = dict(size=size, backend=backend, params=total // 4, largest_unit=unit, variant=variant,
-                           peak_extra=peak, seconds=seconds, verdict=verdict, output=same)
+                row = dict(
+                    size=size,
+                    backend=backend,
+                    params=total // 4,
+                    largest_unit=unit,
+                    variant=variant,
+                    peak_extra=peak,
+                    seconds=seconds,
+                    verdict=verdict,
+                    output=same,
+                )
                 rows.append(row)
                 print(
                     f"| {size} | {backend} | {total / 4 / 1e6:.1f}M | {unit / MIB:.1f} MiB | {variant} | "

@@ -49,6 +49,8 @@ def _local_tensor(p):
 
 def normalize_device(device):
     device = torch.device(device)
+    if device.type == "cuda" and device.index is None:  # one process: Accelerate's device is `cuda`, tensors `cuda:0`
+        device = torch.device("cuda", torch.cuda.current_device())
     return "cpu" if device.type == "cpu" else str(device)
 
 
