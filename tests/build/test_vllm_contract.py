@@ -15,17 +15,8 @@ docs/vllm_version.md has the table for every release from 0.7.2 on; reproduce it
 """
 
 import ast
-import io
-import json
-import os
 import re
-import shutil
-import subprocess
 import sys
-import tempfile
-import urllib.parse
-import urllib.request
-import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Optional
@@ -35,7 +26,17 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tools"))
-import forkbuild  # noqa: E402
+import wheel_sources  # noqa: E402
+from wheel_sources import (  # noqa: E402
+    Sources,
+    assigns_self,
+    fields,
+    mentions,
+    method,
+    parameters,
+    top_level,
+    top_level_names,
+)
 
 
 # What the tests unpack from a wheel: everything the checks below read (later releases split some modules into
@@ -46,100 +47,6 @@ UNPACKED = re.compile(
     r"|^vllm/entrypoints/llm\.py$"
     r"|^vllm/distributed/device_communicators/pynccl\.py$"
 )
-
-
-# ------------------------------------------------------------------------------------------- reading sources
-
-
-class Sources:
-    """The unpacked `vllm/` sources of one release, parsed on demand."""
-
-    def __init__(self, root: Path):
-        self.root = root
-        self._parsed = {}
-
-    def module(self, dotted: str) -> Optional[ast.Module]:
-        if dotted not in self._parsed:
-            base = self.root / Path(*dotted.split("."))
-            path = next((p for p in (base.with_suffix(".py"), base / "__init__.py") if p.is_file()), None)
-            self._parsed[dotted] = ast.parse(path.read_text(encoding="utf-8")) if path else None
-        return self._parsed[dotted]
-
-    def package_modules(self, dotted: str) -> list[ast.Module]:
-        """`vllm.config` as one module (older releases) or a package of modules (later ones)."""
-        folder = self.root / Path(*dotted.split("."))
-        if folder.is_dir():
-            return [ast.parse(p.read_text(encoding="utf-8")) for p in sorted(folder.glob("*.py"))]
-        module = self.module(dotted)
-        return [module] if module else []
-
-    def cls(self, dotted: str, name: str) -> Optional[ast.ClassDef]:
-        module = self.module(dotted)
-        return next((n for n in _top_level(module) if isinstance(n, ast.ClassDef) and n.name == name), None)
-
-
-def _top_level(module: Optional[ast.Module]):
-    """Top-level statements, looking inside top-level `if` / `try` blocks."""
-    pending = list(module.body) if module else []
-    while pending:
-        node = pending.pop(0)
-        if isinstance(node, (ast.If, ast.Try)):
-            pending[:0] = node.body + getattr(node, "orelse", []) + getattr(node, "finalbody", [])
-            pending[:0] = [s for handler in getattr(node, "handlers", []) for s in handler.body]
-        else:
-            yield node
-
-
-def top_level_names(module: Optional[ast.Module]) -> set[str]:
-    names = set()
-    for node in _top_level(module):
-        if isinstance(node, (ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
-            names.add(node.name)
-        elif isinstance(node, (ast.Import, ast.ImportFrom)):
-            names.update((alias.asname or alias.name).split(".")[0] for alias in node.names)
-        elif isinstance(node, ast.Assign):
-            names.update(t.id for t in node.targets if isinstance(t, ast.Name))
-        elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
-            names.add(node.target.id)
-    return names
-
-
-def method(cls: Optional[ast.ClassDef], name: str) -> Optional[ast.FunctionDef]:
-    """The last definition of `name` in the class body (overloads come first, the implementation last)."""
-    found = [n for n in (cls.body if cls else []) if isinstance(n, ast.FunctionDef) and n.name == name]
-    return found[-1] if found else None
-
-
-def parameters(func: ast.FunctionDef) -> tuple[list[str], bool]:
-    """(the parameter names that can be passed by keyword, in order; whether it takes **kwargs)."""
-    args = func.args
-    return [a.arg for a in args.posonlyargs + args.args + args.kwonlyargs], args.kwarg is not None
-
-
-def fields(cls: Optional[ast.ClassDef]) -> set[str]:
-    """Annotated class attributes: the fields of a dataclass, a msgspec.Struct or a pydantic model."""
-    body = cls.body if cls else []
-    return {n.target.id for n in body if isinstance(n, ast.AnnAssign) and isinstance(n.target, ast.Name)}
-
-
-def assigns_self(cls: Optional[ast.ClassDef], attribute: str) -> bool:
-    """Some method of the class sets `self.<attribute>`."""
-    for node in ast.walk(cls) if cls else ():
-        targets = node.targets if isinstance(node, ast.Assign) else [getattr(node, "target", None)]
-        if isinstance(node, (ast.Assign, ast.AnnAssign)) and any(
-            isinstance(t, ast.Attribute) and t.attr == attribute and getattr(t.value, "id", None) == "self"
-            for t in targets
-        ):
-            return True
-    return False
-
-
-def mentions(node: Optional[ast.AST], name: str) -> bool:
-    """`name` appears in the node as an identifier or an attribute."""
-    return node is not None and any(
-        (isinstance(n, ast.Name) and n.id == name) or (isinstance(n, ast.Attribute) and n.attr == name)
-        for n in ast.walk(node)
-    )
 
 
 # ---------------------------------------------------------------------------------------------- the contract
@@ -306,7 +213,7 @@ def _v0_engine_attributes(src: Sources) -> Optional[str]:
 
 def _tensor_parallel_size(src: Sources) -> Optional[str]:
     modules = src.package_modules("vllm.config")
-    configs = [n for m in modules for n in _top_level(m) if isinstance(n, ast.ClassDef) and n.name == "ParallelConfig"]
+    configs = [n for m in modules for n in top_level(m) if isinstance(n, ast.ClassDef) and n.name == "ParallelConfig"]
     return None if any("tensor_parallel_size" in fields(c) for c in configs) else "ParallelConfig.tensor_parallel_size"
 
 
@@ -379,116 +286,13 @@ def broken(root: Path) -> dict[str, str]:
 # ------------------------------------------------------------------------------------------ fetching wheels
 
 
-def _pip(*args: str) -> subprocess.CompletedProcess:
-    command = [sys.executable, "-m", "pip", "--disable-pip-version-check", *args]
-    result = subprocess.run(command, capture_output=True, text=True)
-    if result.returncode != 0:
-        raise RuntimeError(f"{' '.join(command)} failed ({result.returncode}):\n{result.stdout}\n{result.stderr}")
-    return result
-
-
-def resolve(requirement: str) -> tuple[str, str, str]:
-    """(version, wheel URL, sha256) of the vLLM wheel pip picks for `requirement` on this platform.
-
-    pip reads the release's metadata file from the index, not the wheel: a few seconds."""
-    with tempfile.TemporaryDirectory() as tmp:
-        report = Path(tmp) / "report.json"
-        _pip("install", "--dry-run", "--quiet", "--no-deps", "--ignore-installed", "--only-binary=:all:",
-             "--report", str(report), requirement)  # fmt: skip
-        (item,) = json.loads(report.read_text())["install"]
-    info = item["download_info"]
-    return item["metadata"]["version"], info["url"], info.get("archive_info", {}).get("hashes", {}).get("sha256", "")
-
-
-class _HttpRanges(io.RawIOBase):
-    """A remote file read with HTTP range requests, in cached blocks: zipfile reads the central directory at the end
-    and then only the members it extracts (about 2 MB of a 265 MB vLLM wheel)."""
-
-    BLOCK = 1 << 18
-
-    def __init__(self, url: str):
-        self.url, self.pos, self.blocks = url, 0, {}
-        with self._get("bytes=-1") as response:
-            self.size = int(response.headers["Content-Range"].rsplit("/", 1)[1])
-
-    def _get(self, byte_range: str):
-        request = urllib.request.Request(self.url, headers={"Range": byte_range})
-        response = urllib.request.urlopen(request, timeout=60)
-        if response.status != 206:
-            response.close()
-            raise OSError(f"{self.url} answers {response.status} to a range request")
-        return response
-
-    def readable(self):
-        return True
-
-    def seekable(self):
-        return True
-
-    def tell(self):
-        return self.pos
-
-    def seek(self, offset, whence=io.SEEK_SET):
-        self.pos = {io.SEEK_SET: 0, io.SEEK_CUR: self.pos, io.SEEK_END: self.size}[whence] + offset
-        return self.pos
-
-    def readinto(self, buffer):
-        wanted = max(0, min(len(buffer), self.size - self.pos))
-        data = bytearray()
-        while len(data) < wanted:
-            index, skip = divmod(self.pos + len(data), self.BLOCK)
-            if index not in self.blocks:
-                first, last = index * self.BLOCK, min(self.size, (index + 1) * self.BLOCK) - 1
-                with self._get(f"bytes={first}-{last}") as response:
-                    self.blocks[index] = response.read()
-            data += self.blocks[index][skip : skip + wanted - len(data)]
-        buffer[:wanted] = data
-        self.pos += wanted
-        return wanted
-
-
-def _unpack(archive: zipfile.ZipFile, dest: Path) -> None:
-    # zipfile checks each member's CRC-32 against the archive's directory as it extracts it
-    archive.extractall(dest, [n for n in archive.namelist() if UNPACKED.match(n)])
-
-
 def fetch_sources(requirement: str) -> tuple[str, Path]:
     """(version, folder holding its vllm/ sources) of the wheel pip picks for `requirement`; cached.
 
     The index is pip's (its configuration applies). Only the members the checks read are fetched, with HTTP range
     requests; where the server does not serve ranges, or with TRL_FORK_VLLM_FETCH=pip, pip downloads the whole
-    wheel (265-380 MB for these releases) and its sha256 is checked against the index's."""
-    version, url, sha256 = resolve(requirement)
-    wheel_name = urllib.parse.unquote(url.rsplit("/", 1)[-1])
-    dest = forkbuild.cache_dir() / "vllm-contract" / wheel_name.removesuffix(".whl")
-    stamp = dest / "source"
-    if stamp.is_file() and (not sha256 or sha256 in stamp.read_text()):
-        return version, dest
-    shutil.rmtree(dest, ignore_errors=True)
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(prefix="vllm-wheel-", dir=dest.parent) as tmp:
-        unpacked = Path(tmp) / "unpacked"
-        how = None
-        if os.environ.get("TRL_FORK_VLLM_FETCH", "range") == "range" and url.startswith(("https:", "http:")):
-            try:
-                with zipfile.ZipFile(io.BufferedReader(_HttpRanges(url), 1 << 16)) as archive:
-                    _unpack(archive, unpacked)
-                how = f"members read by HTTP range requests from {url} (index sha256 {sha256})"
-            except (OSError, KeyError, ValueError, zipfile.BadZipFile) as exc:
-                print(f"range requests failed ({exc}); downloading the whole wheel through pip", file=sys.stderr)
-                shutil.rmtree(unpacked, ignore_errors=True)
-        if how is None:
-            _pip("download", "--quiet", "--no-deps", "--only-binary=:all:", "--dest", tmp, f"vllm=={version}")
-            wheel = Path(tmp) / wheel_name
-            digest = forkbuild.sha256_of(wheel)
-            if sha256 and digest != sha256:
-                raise RuntimeError(f"{wheel_name}: sha256 {digest}, the index says {sha256}")
-            with zipfile.ZipFile(wheel) as archive:
-                _unpack(archive, unpacked)
-            how = f"unpacked from the whole wheel downloaded by pip (sha256 {digest})"
-        (unpacked / "source").write_text(how + "\n")
-        os.replace(unpacked, dest)
-    return version, dest
+    wheel (265-380 MB for these releases) and its sha256 is checked against the index's (tools/wheel_sources.py)."""
+    return wheel_sources.fetch_sources(requirement, UNPACKED, "vllm-contract")
 
 
 def upper_bound_in_setup() -> str:

@@ -1,0 +1,236 @@
+"""The 1.16.0 line's vLLM server mode end to end, without a GPU: the real `VLLMClient` against the stand-in server.
+
+`vllm_standin.py` serves, on 127.0.0.1 in a process of its own, the routes the client calls (checked against vLLM
+0.22-0.31 by `build/test_vllm_contract.py`), and a fake `vllm` package of a given release makes `trl` take that
+release's code paths (the weight-transfer protocol changed in 0.28, the cache reset's answer in 0.26). The weights go
+over a gloo group instead of NCCL, in the order and under the names, dtypes and shapes the client announced; the
+stand-in records what arrives. Each check runs in a fresh interpreter (the fake `vllm` on its path) launched from
+here:
+
+- `client`: the client alone: connect, weight-transfer engine, the whole model in one update, a grouped update of two
+  tensors, the cache reset, a generation, close. Every tensor arrives equal to what was sent.
+- `sync`: `VLLMGeneration`, as GRPO and RLOO use it, on 2 gloo ranks under no sharding, FSDP1, FSDP2 and ZeRO-3 with a
+  LoRA policy: from the freshly wrapped model, the first sync delivers every weight of the checkpoint under its
+  checkpoint name, equal to the model's full weights (base + merged adapter for LoRA); generation goes through the
+  server; a second sync delivers the same weights; the requests come in the order vLLM expects.
+"""
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+
+HERE = Path(__file__).resolve().parent
+LINE = HERE.parent
+PATCH_TESTS = LINE / "trl-src" / "tests"
+RELEASES = ["0.25.1", "0.27.1", "0.31.0"]  # before the 0.26 cache-reset answer, before the 0.28 protocol, newest
+
+
+def _free_port():
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@pytest.fixture
+def standin(tmp_path, request):
+    """Starts the stand-in for the release `request.param`; yields (base URL, record folder, fake vllm folder)."""
+    import vllm_standin
+
+    version = request.param
+    record, fake = tmp_path / "record", vllm_standin.write_fake_vllm(tmp_path / f"vllm-{version}", version)
+    server = subprocess.Popen(
+        [sys.executable, str(HERE / "vllm_standin.py"), "--port", "0", "--record", str(record), "--version", version],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        line = server.stdout.readline()
+        assert line.startswith("listening on "), line
+        yield f"http://127.0.0.1:{int(line.split()[-1])}", record, fake
+    finally:
+        server.kill()
+        server.wait()
+
+
+def _run(check, base_url, record, fake, *args, timeout=300):
+    env = dict(
+        os.environ,
+        PYTHONPATH=os.pathsep.join([str(fake), str(PATCH_TESTS), str(HERE), os.environ.get("PYTHONPATH", "")]),
+        HF_HUB_OFFLINE="1",
+        ACCELERATE_USE_CPU="true",
+    )
+    started = time.monotonic()
+    result = subprocess.run(
+        [sys.executable, __file__, check, base_url, str(record), *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-6000:]
+    return time.monotonic() - started
+
+
+def _requests(record):
+    return [json.loads(line) for line in (record / "requests.jsonl").read_text().splitlines()]
+
+
+@pytest.mark.parametrize("standin", RELEASES, indirect=True)
+def test_client_against_the_standin(standin):
+    base_url, record, fake = standin
+    _run("client", base_url, record, fake)
+    paths = [entry["path"] for entry in _requests(record) if entry["path"] != "/health"]
+    assert paths == [
+        "/v1/models",
+        "/server_info",
+        "/get_world_size",
+        "/init_weight_transfer_engine",
+        "/start_weight_update",  # the whole model: one update
+        "/update_weights",
+        "/finish_weight_update",
+        "/start_weight_update",  # `weight_update()`: two tensors, one start and one finish
+        "/update_weights",
+        "/update_weights",
+        "/finish_weight_update",
+        "/reset_prefix_cache",
+        "/v1/completions",
+    ], paths
+
+
+@pytest.mark.parametrize("standin", ["0.31.0"], indirect=True)
+@pytest.mark.parametrize("backend", ["ddp", "fsdp1", "fsdp2", "zero3"])
+def test_sync_and_generation_against_the_standin(standin, backend):
+    base_url, record, fake = standin
+    _run("sync", base_url, record, fake, backend)
+    paths = [entry["path"] for entry in _requests(record) if entry["path"] != "/health"]
+    sync = ["/start_weight_update", "/update_weights", "/finish_weight_update", "/reset_prefix_cache"]
+    setup = ["/v1/models", "/server_info", "/get_world_size", "/init_weight_transfer_engine"]
+    assert paths == setup + sync + ["/v1/completions"] + sync, paths
+
+
+@pytest.mark.parametrize("standin", ["0.31.0"], indirect=True)
+def test_a_route_the_standin_lacks_fails(standin):
+    """The stand-in answers as vLLM does: an unknown route is a 404, an update outside start/finish a 400."""
+    import requests
+
+    base_url, record, _ = standin
+    assert requests.post(f"{base_url}/update_weight", json={}, timeout=10).status_code == 404
+    answer = requests.post(f"{base_url}/update_weights", json={"update_info": {}}, timeout=10)
+    assert answer.status_code == 422 and "expected" in answer.json()["detail"], answer.text
+    info = {"names": [], "dtype_names": [], "shapes": []}
+    answer = requests.post(f"{base_url}/update_weights", json={"update_info": info}, timeout=10)
+    assert answer.status_code == 400 and "not initialized" in answer.json()["detail"], answer.text
+
+
+# ------------------------------------------------------------------------- run in a fresh interpreter (above)
+
+
+def _force_cuda_device(client_class):
+    """vLLM's NCCL engine needs CUDA, which the client checks; the stand-in's group is gloo. `cuda` without an index
+    passes the check without any CUDA call."""
+    init_communicator = client_class.init_communicator
+
+    def on_the_standin(self, device=0):
+        return init_communicator(self, device="cuda")
+
+    client_class.init_communicator = on_the_standin
+
+
+def check_client(base_url, record):
+    import torch
+    from test_prepare_fsdp import make_model
+
+    from trl.generation import vllm_client
+
+    assert vllm_client.is_vllm_available()
+    _force_cuda_device(vllm_client.VLLMClient)
+    client = vllm_client.VLLMClient(base_url=base_url, group_port=_free_port(), connection_timeout=30)
+    client.init_communicator()
+    model = make_model()
+    client.update_model_params(model)
+    received = torch.load(record / "update-1.pt")
+    expected = dict(model.named_parameters())
+    assert list(received) == list(expected), (list(received), list(expected))
+    for name, tensor in received.items():
+        assert torch.equal(tensor, expected[name]), name
+    with client.weight_update():
+        client.update_named_param("a", torch.arange(6.0).reshape(2, 3))
+        client.update_named_param("b", torch.ones(4, dtype=torch.bfloat16))
+    assert torch.equal(torch.load(record / "update-2.pt")["a"], torch.arange(6.0).reshape(2, 3))
+    b = torch.load(record / "update-3.pt")["b"]
+    assert b.dtype == torch.bfloat16 and torch.equal(b, torch.ones(4, dtype=torch.bfloat16))
+    client.reset_prefix_cache()
+    output = client.generate([[5, 6, 7], [8, 9]], n=2, max_tokens=3, logprobs=0)
+    assert output["prompt_ids"] == [[5, 6, 7], [8, 9]], output
+    assert [len(ids) for ids in output["completion_ids"]] == [3] * 4, output
+    assert [[len(position) for position in sample] for sample in output["logprobs"]] == [[1] * 3] * 4, output
+    client.close_communicator()
+
+
+def _expected_weights(backend):
+    """The model's full weights as a checkpoint names them (LoRA merged): what vLLM must receive."""
+    from test_prepare_fsdp import make_model
+    from test_vllm_peft_sync_per_unit import make_peft_model
+
+    if backend == "zero3":
+        return make_peft_model().merge_and_unload().state_dict()
+    return make_model().state_dict()
+
+
+def check_sync(backend, base_url, record, group_port):
+    from datetime import timedelta
+
+    import torch
+    import torch.distributed as dist
+    from test_vllm_failures_on_every_process import make_generation
+
+    from trl.generation import vllm_client
+
+    # A process left waiting in a collective fails after 60 s instead of hanging
+    dist.init_process_group("gloo", timeout=timedelta(seconds=60))
+    _force_cuda_device(vllm_client.VLLMClient)
+    generation = make_generation(backend)
+    generation.server_base_url, generation.group_port, generation.server_timeout = base_url, group_port, 30.0
+    generation._init_vllm()  # the main process connects; the others wait for its outcome
+
+    expected = _expected_weights(backend)
+    generation.sync_weights()  # the first sync of the freshly wrapped model
+    rank = dist.get_rank()
+    prompts = [[1, 2, 3], [1, 2, 3]] if rank == 0 else [[4, 5], [4, 5]]
+    completions = generation.generate(prompts, None, 2)
+    assert completions[0] == prompts, completions
+    generation.sync_weights()
+    dist.barrier()
+    if rank != 0:
+        return
+    for update in (1, 2):
+        received = torch.load(record / f"update-{update}.pt")
+        assert [name for name, *_ in generation._weight_metadata] == list(received)
+        # Every weight of the checkpoint (a tied output head is sent once, as its embedding)
+        missing = set(expected) - set(received)
+        assert missing <= {"lm_head.weight"}, sorted(missing)
+        assert set(received) <= set(expected), sorted(set(received) - set(expected))
+        for name, tensor in received.items():
+            torch.testing.assert_close(tensor, expected[name], rtol=0, atol=1e-6, msg=name)
+
+
+def _main():
+    check, base_url, record, *args = sys.argv[1:]
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    if check == "client":
+        check_client(base_url, Path(record))
+    else:
+        from test_prepare_fsdp import run_distributed
+
+        run_distributed(check_sync, args[0], base_url, Path(record), _free_port(), timeout=240)
+
+
+if __name__ == "__main__":
+    _main()
