@@ -184,7 +184,8 @@ class Wheel(NamedTuple):
 
 def _pip(*args: str) -> subprocess.CompletedProcess:
     command = [sys.executable, "-m", "pip", "--disable-pip-version-check", *args]
-    result = subprocess.run(command, capture_output=True, text=True, check=False)
+    # pip retries an unreachable index for a few minutes on its own; past 10 minutes the test fails instead of hanging
+    result = subprocess.run(command, capture_output=True, text=True, check=False, timeout=600)
     if result.returncode != 0:
         raise RuntimeError(f"{' '.join(command)} failed ({result.returncode}):\n{result.stdout}\n{result.stderr}")
     return result

@@ -2,9 +2,11 @@
 
 vLLM cannot run here (it needs CUDA), so the weight sync from a trainer to `vllm serve` is tested against this:
 
-- an HTTP server on 127.0.0.1 with the routes the client calls (`ROUTES`), answering as vLLM's OpenAI server with
-  its development endpoints and `--weight-transfer-config '{"backend": "nccl"}'` does (bodies and answers checked
-  against the wheels of vLLM 0.22-0.31 by `tests/build/test_vllm_contract.py`), in a process of its own;
+- an HTTP server on 127.0.0.1 with the routes the client calls (`ROUTES`; checked against the wheels of vLLM
+  0.22-0.31 by `tests/build/test_vllm_contract.py`), in a process of its own, taking the bodies vLLM's OpenAI server
+  takes with its development endpoints and `--weight-transfer-config '{"backend": "nccl"}'` and answering what the
+  client reads. It is stricter than vLLM in one place: `init_info` / `update_info` must carry exactly the release's
+  keys, with `packed` true (vLLM ignores unknown keys and accepts unpacked transfers);
 - a fake `vllm` package (`write_fake_vllm`), put on the trainer's `sys.path`, with the few functions the client
   imports (`get_ip`, the trainer side of the weight-transfer group, the broadcast of the weights) and a
   `vllm-<version>.dist-info`, so that `trl` takes the code paths of that vLLM release. The NCCL group between trainer
@@ -81,7 +83,6 @@ class StandInServer(ThreadingHTTPServer):
         super().__init__(("127.0.0.1", port), _Handler)
         self.record, self.version = record, _version_tuple(version)
         self.group = None
-        self.updating = False
         self.updates = 0
         self.lock = threading.Lock()
         record.mkdir(parents=True, exist_ok=True)
@@ -154,6 +155,7 @@ class _Handler(BaseHTTPRequestHandler):
         keys = {"master_address", "master_port", "rank_offset", "world_size"}
         if self.server.version >= (0, 28, 0):
             keys.add("packed")
+            _require_packed(info, "init_info")
         _exact_keys(info, keys, "init_info")
         # The workers join after the trainer's rank 0: the stand-in is the one worker
         self.server.group = _Group(
@@ -163,24 +165,22 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _start_weight_update(self, body, query):
         if body is None and self.server.version < (0, 25, 0):
-            raise _Refused(422, "a JSON body is required")
-        if self.server.updating:
-            raise _Refused(400, "a weight update is already in progress")
-        self.server.updating = True
+            raise _Refused(400, "Invalid JSON format")
         return 200, {}
 
     def _update_weights(self, body, query):
         import torch
 
         info = _require(body, "update_info")
-        keys = set(UPDATE_INFO_KEYS) | ({"packed"} if self.server.version < (0, 28, 0) else set())
+        keys = set(UPDATE_INFO_KEYS)
+        if self.server.version < (0, 28, 0):
+            keys.add("packed")
+            _require_packed(info, "update_info")
         _exact_keys(info, keys, "update_info")
         if self.server.group is None:
             raise _Refused(400, "the weight-transfer engine is not initialized")
-        if not self.server.updating:
-            raise _Refused(400, "no weight update in progress (call /start_weight_update first)")
         if not len(info["names"]) == len(info["dtype_names"]) == len(info["shapes"]):
-            raise _Refused(422, "names, dtype_names and shapes differ in length")
+            raise _Refused(400, "names, dtype_names and shapes differ in length")
         received = {}
         for name, dtype_name, shape in zip(info["names"], info["dtype_names"], info["shapes"]):
             tensor = torch.empty(shape, dtype=getattr(torch, dtype_name))
@@ -192,9 +192,6 @@ class _Handler(BaseHTTPRequestHandler):
         return 200, {}
 
     def _finish_weight_update(self, body, query):
-        if not self.server.updating:
-            raise _Refused(400, "no weight update in progress")
-        self.server.updating = False
         return 200, {}
 
     def _reset_prefix_cache(self, body, query):
@@ -226,13 +223,19 @@ class _Handler(BaseHTTPRequestHandler):
 
 def _require(body, key):
     if not isinstance(body, dict) or key not in body:
-        raise _Refused(422, f"field required: {key}")
+        raise _Refused(400, f"field required: {key}")
     return body[key]
 
 
 def _exact_keys(info, keys, what):
     if not isinstance(info, dict) or set(info) != keys:
-        raise _Refused(422, f"{what} has keys {sorted(info or {})}, expected {sorted(keys)}")
+        raise _Refused(400, f"{what} has keys {sorted(info or {})}, expected {sorted(keys)}")
+
+
+def _require_packed(info, what):
+    # The fake broadcast sends tensor by tensor; the client must still ask for vLLM's packed transfer
+    if isinstance(info, dict) and info.get("packed") is not True:
+        raise _Refused(400, f"{what}: the client always asks for packed transfers")
 
 
 # --------------------------------------------------------------------------------------- the fake vllm package
