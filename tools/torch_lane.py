@@ -18,10 +18,20 @@ Limitation, not a skip without reason: FSDP2's forward cannot run on CPU with to
 attribute 'record_event'``). While the running torch lacks it, the FSDP2 matrix cells and the tests listed in
 ``FSDP2_FORWARD_TESTS`` are skipped with that reason; each listed pattern must match a collected test, so the
 list cannot silently go stale. FSDP2 tests that run no FSDP2 forward (the weight sync's ``test_fsdp2``) still run.
+
+A whole lane that passes records its state in ``patches/torch26_proven.json``: a hash of everything the lane runs
+and builds from (``LANE_INPUTS``: the pinned base, the series and every patch, setup.py, pyproject.toml, the
+Makefile, tools/, tests/build, tests/dist, tests/harness, tests/conftest.py; not the proof records). ``--is-proven``
+(CI, through ``make test-torch26 LANE_SKIP_IF_PROVEN=1``) exits 0 when the current state hashes to that record,
+byte for byte, so that CI does not re-prove what has not changed (14 minutes of its budget); any change to one of
+those files runs the whole lane again.
 """
 
 from __future__ import annotations
 
+import datetime
+import hashlib
+import json
 import os
 import re
 import subprocess
@@ -168,7 +178,75 @@ class LanePlugin:
 ISOLATED = ("test_same_settings_on_every_process.py",)
 
 
+PROVEN = "torch26_proven.json"
+# What the lane's result depends on (relative to the repository root; folders taken whole, bytecode left out).
+LANE_INPUTS = (
+    "patches",
+    "setup.py",
+    "pyproject.toml",
+    "Makefile",
+    "tools",
+    "tests/conftest.py",
+    "tests/build",
+    "tests/dist",
+    "tests/harness",
+)
+
+
+def lane_state() -> str:
+    digest = hashlib.sha256(b"torch-lane/1\0")
+    for entry in LANE_INPUTS:
+        root = forkbuild.ROOT / entry
+        files = [root] if root.is_file() else sorted(p for p in root.rglob("*") if p.is_file())
+        for path in files:
+            rel = path.relative_to(forkbuild.ROOT).as_posix()
+            if "__pycache__" in rel or rel.endswith(".pyc") or rel in (f"patches/{PROVEN}", "patches/proven.json"):
+                continue
+            digest.update(rel.encode() + b"\0" + path.read_bytes() + b"\0")
+    return digest.hexdigest()
+
+
+def is_proven() -> int:
+    path = forkbuild.ROOT / "patches" / PROVEN
+    record = json.loads(path.read_text()) if path.is_file() else {}
+    if record.get("state") == lane_state():
+        print(  # noqa: T201
+            f"torch lane: skipped, byte-identical to the state it passed on {record['proven_on']} "
+            f"(torch {record['torch']}, {record['summary']}, {record['seconds']} s; patches/{PROVEN})"
+        )
+        return 0
+    print("torch lane: the state differs from patches/" + PROVEN + ": running the lane")  # noqa: T201
+    return 1
+
+
+def record(seconds: float, summary: str) -> None:
+    import torch
+
+    entry = {
+        "state": lane_state(),
+        "proven_on": datetime.date.today().isoformat(),
+        "torch": torch.__version__,
+        "summary": summary,
+        "seconds": round(seconds),
+    }
+    (forkbuild.ROOT / "patches" / PROVEN).write_text(json.dumps(entry, indent=1) + "\n")
+    print(f"torch lane: recorded the passing state in patches/{PROVEN}: commit it")  # noqa: T201
+
+
+class _Counts:
+    def __init__(self):
+        self.outcomes: dict[str, int] = {}
+
+    def pytest_terminal_summary(self, terminalreporter):
+        for key in ("passed", "failed", "error", "skipped", "xfailed", "xpassed"):
+            self.outcomes[key] = len(terminalreporter.stats.get(key, []))
+
+
 def main(argv: list[str]) -> int:
+    if argv[:1] == ["--is-proven"]:
+        return is_proven()
+    whole = not argv  # only a run of the whole lane is recorded
+    state_before, started = lane_state(), time.monotonic()
     tree = prove.tree_for("fork")
     patch_tests = forkbuild.patch_test_files(tree)
     isolated = [path for path in patch_tests if path.name in ISOLATED]
@@ -179,11 +257,15 @@ def main(argv: list[str]) -> int:
     os.chdir(forkbuild.ROOT)
     args = ["-p", "no:cacheprovider", "-m", "not gpu", "tests/build", *map(str, patch_tests)]
     args += ["tests/dist/test_matrix.py", *argv]
-    code = pytest.main(args, plugins=[LanePlugin(tree, patch_tests)])
+    counts = _Counts()
+    code = pytest.main(args, plugins=[LanePlugin(tree, patch_tests), counts])
     for path in isolated:  # own process; its exit code 5 (nothing collected) fails the lane like any other
         print(f"\n[torch lane] {path.name} in a process of its own", flush=True)
         result = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-m", "not gpu", str(path)])
         code = code or result.returncode
+    if code == 0 and whole and counts.outcomes.get("passed") and lane_state() == state_before:
+        done = ", ".join(f"{n} {k}" for k, n in counts.outcomes.items() if n)
+        record(time.monotonic() - started, f"{done}; isolated: {', '.join(ISOLATED)} passed")
     return int(code)
 
 

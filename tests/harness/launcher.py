@@ -15,6 +15,7 @@ Every launch:
 
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -166,6 +167,7 @@ def harness_env(backend=None, *, device="cpu", error_dir=None, preload=(), extra
     if device == "cpu":
         env["CUDA_VISIBLE_DEVICES"] = ""
         env["ACCELERATE_USE_CPU"] = "false"
+        env["TRL_HARNESS_KEEP_GLOO_GROUPS"] = "1"  # torch's gloo group destructor can hang at exit (sitecustomize)
         if spec is not None and spec.family == "deepspeed":
             env["DS_ACCELERATOR"] = "cpu"
             env["TRL_HARNESS_DS_NO_SHM"] = "1"
@@ -256,7 +258,29 @@ def _signal_all(proc, procs, sig):
             pass
 
 
-def _terminate_tree(proc, dump_stacks=True, grace=10.0):
+def _native_stacks(procs, error_dir):
+    """Every thread's C/C++ stack of each Python worker (gdb, when this machine has it): a hang inside a native
+    destructor or collective shows no Python frame, only these do."""
+    gdb = shutil.which("gdb")
+    if gdb is None or error_dir is None:
+        return
+    for p in procs:
+        try:
+            if "python" not in p.name().lower():
+                continue
+            ran = subprocess.run(
+                [gdb, "-p", str(p.pid), "-batch", "-nx", "-ex", "thread apply all bt 30"],
+                capture_output=True,
+                text=True,
+                timeout=60,
+            )
+            text = "\n".join(line for line in ran.stdout.splitlines() if line.startswith(("#", "Thread")))
+            (Path(error_dir) / f"native-{p.pid}.txt").write_text(text + "\n")
+        except Exception:
+            pass
+
+
+def _terminate_tree(proc, dump_stacks=True, grace=10.0, error_dir=None):
     procs = _descendants(proc.pid)
     if dump_stacks and hasattr(signal, "SIGUSR1"):
         for p in procs:
@@ -265,6 +289,7 @@ def _terminate_tree(proc, dump_stacks=True, grace=10.0):
             except Exception:
                 pass
         time.sleep(2.0)
+        _native_stacks(procs, error_dir)
     procs = list({p.pid: p for p in procs + _descendants(proc.pid)}.values())
     _signal_all(proc, procs, signal.SIGTERM)
     deadline = time.monotonic() + grace
@@ -368,7 +393,7 @@ def _run_command_once(cmd, *, env, workdir, backend, timeout, cwd, echo):
                     known.setdefault(p.pid, p)
                 if time.monotonic() > deadline:
                     timed_out = True
-                    _terminate_tree(proc)
+                    _terminate_tree(proc, error_dir=error_dir)
                     break
                 time.sleep(0.5)
         except BaseException:  # KeyboardInterrupt, pytest-timeout: never leave workers behind

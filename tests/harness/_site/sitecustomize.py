@@ -9,6 +9,8 @@ launcher process and in every worker it spawns.  Each feature is off unless its 
                                   ``<dir>/traceback-rank<RANK>-<pid>.txt`` and register a faulthandler
                                   dump on SIGUSR1 (``<dir>/stacks-rank<RANK>-<pid>.txt``), which the
                                   launcher sends before it kills a launch that timed out.
+- ``TRL_HARNESS_KEEP_GLOO_GROUPS=1`` never destroy a gloo process group object (CPU launches; see
+                                  ``_keep_gloo_groups``).
 - ``TRL_HARNESS_PRELOAD=<files>`` ``os.pathsep``-separated Python files executed at start-up (the demo's
                                   hook that prints where the reference model lives).
 
@@ -74,6 +76,53 @@ def _install_error_capture(directory):
         faulthandler.register(signal.SIGUSR1, file=stacks, all_threads=True, chain=False)
 
 
+def _keep_gloo_groups():
+    """Keep every gloo process group object alive until the process exits.
+
+    torch's ``ProcessGroupGloo`` destructor was seen not to return once the other rank had exited: on torch 2.6
+    inside ``destroy_process_group()`` (about 1 launch in 5 of one test), on torch 2.13 when a finished script
+    dropped its last reference to the group (the trainer's DDP model) after ``end_training()``: a rank that had
+    saved its model hung at exit until the launch timed out (2 golden launches and 1 recipe launch of one
+    fresh-clone CI run, 2026-11-26, with pristine TRL as with the fork). The group is still shut down as torch
+    does it (``destroy_process_group`` runs unchanged); only its C++ object is never freed, so that its
+    destructor cannot run after the peer left. The process exits and the OS closes the sockets. Harness only: the
+    fork ships nothing of it, and GPU launches (NCCL) do not set the variable.
+    """
+    import ctypes
+
+    from trl_harness_hooks import after_import
+
+    kept = set()
+
+    def keep(c10d):
+        for group in list(getattr(c10d._world, "pg_map", {})):
+            try:
+                if id(group) not in kept and c10d.get_backend(group) == "gloo":
+                    ctypes.pythonapi.Py_IncRef(ctypes.py_object(group))  # one reference that is never given back
+                    kept.add(id(group))
+            except Exception:
+                pass
+
+    def patch(c10d):
+        import atexit
+        import functools
+
+        destroy = c10d.destroy_process_group
+
+        @functools.wraps(destroy)
+        def destroy_process_group(*args, **kwargs):
+            keep(c10d)
+            return destroy(*args, **kwargs)
+
+        c10d.destroy_process_group = destroy_process_group
+        dist = sys.modules.get("torch.distributed")
+        if dist is not None and getattr(dist, "destroy_process_group", None) is destroy:
+            dist.destroy_process_group = destroy_process_group
+        atexit.register(keep, c10d)  # the groups a script never destroyed, before the interpreter frees them
+
+    after_import("torch.distributed.distributed_c10d", patch)
+
+
 try:
     _chain_shadowed_sitecustomize()
 except Exception as exc:  # never break interpreter start-up
@@ -81,6 +130,9 @@ except Exception as exc:  # never break interpreter start-up
 
 if os.environ.get("TRL_HARNESS_ERROR_DIR"):
     _install_error_capture(os.environ["TRL_HARNESS_ERROR_DIR"])
+
+if os.environ.get("TRL_HARNESS_KEEP_GLOO_GROUPS") == "1":
+    _keep_gloo_groups()
 
 if os.environ.get("TRL_HARNESS_CPU_FSDP") == "1" or os.environ.get("TRL_HARNESS_DS_NO_SHM") == "1":
     _run_file(os.path.join(_HARNESS, "cpu_shims.py"), "_trl_harness_cpu_shims").install_from_env()
