@@ -145,12 +145,15 @@ $(VENV26)/.installed: setup.py pyproject.toml
 
 venv-torch26: $(VENV26)/.installed  ## create $(VENV26): torch 2.6.0 + the test extras, trl imported from build/trees
 
-# LANE_SKIP_IF_PROVEN=1 (CI): skipped when everything the lane runs is byte-identical to the state it last passed on
-# (patches/torch26_proven.json, written by a whole passing lane; tools/torch_lane.py says what it hashes).
-test-torch26: dev  ## the torch 2.6.0 lane: build tests, patch tests, DDP/FSDP1/ZeRO-2/ZeRO-3/DP cells
+# LANE_SKIP_IF_PROVEN=1 (CI): skipped when every file it depends on is byte-identical to the state it last passed on,
+# at most 7 days ago (patches/torch26_proven.json, written by a whole passing lane; tools/torch_lane.py).
+LANE_SKIP_IF_PROVEN ?=
+test-torch26:  ## the torch 2.6.0 lane: build tests, patch tests, DDP/FSDP1/ZeRO-2/ZeRO-3/DP cells
 	$(ONLY_0161)
-	@if [ -n "$(LANE_SKIP_IF_PROVEN)" ] && [ -z "$(PYTEST_ARGS)" ] && $(PY) tools/torch_lane.py --is-proven; then exit 0; fi; \
-	$(MAKE) --no-print-directory venv-torch26 && $(PY26) tools/torch_lane.py $(PYTEST_ARGS)
+	if [ "$(LANE_SKIP_IF_PROVEN)" = 1 ] && [ -z "$(PYTEST_ARGS)" ]; then \
+	  $(MAKE) --no-print-directory dev && $(PY) tools/torch_lane.py --torch-requirement "$(TORCH26)" --is-proven && exit 0; \
+	fi; \
+	$(MAKE) --no-print-directory venv-torch26 && $(PY26) tools/torch_lane.py --torch-requirement "$(TORCH26)" $(PYTEST_ARGS)
 
 # Golden equivalence (#13): with no fork option set, the fork's per-step logged values and trained weights equal
 # TRL 0.16.1's bit for bit (tests/golden, docs/golden_equivalence.md). Not part of `make test` (marked slow + dist).

@@ -19,12 +19,12 @@ attribute 'record_event'``). While the running torch lacks it, the FSDP2 matrix 
 ``FSDP2_FORWARD_TESTS`` are skipped with that reason; each listed pattern must match a collected test, so the
 list cannot silently go stale. FSDP2 tests that run no FSDP2 forward (the weight sync's ``test_fsdp2``) still run.
 
-A whole lane that passes records its state in ``patches/torch26_proven.json``: a hash of everything the lane runs
-and builds from (``LANE_INPUTS``: the pinned base, the series and every patch, setup.py, pyproject.toml, the
-Makefile, tools/, tests/build, tests/dist, tests/harness, tests/conftest.py; not the proof records). ``--is-proven``
-(CI, through ``make test-torch26 LANE_SKIP_IF_PROVEN=1``) exits 0 when the current state hashes to that record,
-byte for byte, so that CI does not re-prove what has not changed (14 minutes of its budget); any change to one of
-those files runs the whole lane again.
+A whole lane that passes, run as CI runs it (no pytest arguments, no ``PYTEST_ADDOPTS`` or ``TRL_HARNESS_*`` in the
+environment), records its state in ``patches/torch26_proven.json``: a hash of every file git tracks except the
+documentation folders and the proof records (``_hashed_files``), of the torch requirement and of the Python version.
+``--is-proven`` (CI, through ``make test-torch26 LANE_SKIP_IF_PROVEN=1``) exits 0 when the current state hashes to
+that record, byte for byte, and the record is at most ``MAX_AGE_DAYS`` old, so that CI does not re-prove what has not
+changed (13 minutes of its budget); anything else runs the whole lane again.
 """
 
 from __future__ import annotations
@@ -179,51 +179,63 @@ ISOLATED = ("test_same_settings_on_every_process.py",)
 
 
 PROVEN = "torch26_proven.json"
-# What the lane's result depends on (relative to the repository root; folders taken whole, bytecode left out).
-LANE_INPUTS = (
-    "patches",
-    "setup.py",
-    "pyproject.toml",
-    "Makefile",
-    "tools",
-    "tests/conftest.py",
-    "tests/build",
-    "tests/dist",
-    "tests/harness",
-)
+PROOF_RECORDS = ("proven.json", PROVEN)  # written by the proofs themselves: never part of a state
+MAX_AGE_DAYS = 7  # a record older than this runs the lane again (new releases within the line's dependency bounds)
 
 
-def lane_state() -> str:
-    digest = hashlib.sha256(b"torch-lane/1\0")
-    for entry in LANE_INPUTS:
-        root = forkbuild.ROOT / entry
-        files = [root] if root.is_file() else sorted(p for p in root.rglob("*") if p.is_file())
-        for path in files:
-            rel = path.relative_to(forkbuild.ROOT).as_posix()
-            if "__pycache__" in rel or rel.endswith(".pyc") or rel in (f"patches/{PROVEN}", "patches/proven.json"):
-                continue
-            digest.update(rel.encode() + b"\0" + path.read_bytes() + b"\0")
+def _hashed_files() -> list[str]:
+    """Every file git tracks (or would track) in the repository, as in the working tree, except documentation
+    folders and the proof records: the lane runs tests that read README.md and lines/, builds a wheel from a clone
+    of the whole tree, and launches with examples/accelerate_configs."""
+    listed = subprocess.run(
+        ["git", "ls-files", "--cached", "--others", "--exclude-standard", "-z"],
+        cwd=forkbuild.ROOT,
+        capture_output=True,
+        check=True,
+    ).stdout.decode()
+    keep = []
+    for rel in sorted(set(filter(None, listed.split("\0")))):
+        parts = rel.split("/")
+        if "docs" in parts[:-1] or parts[-1] in PROOF_RECORDS or not (forkbuild.ROOT / rel).is_file():
+            continue
+        keep.append(rel)
+    return keep
+
+
+def lane_state(torch_requirement: str) -> str:
+    """A hash of what the lane's result depends on: the files of ``_hashed_files``, the torch requirement it installs
+    and the Python it runs on (major.minor)."""
+    digest = hashlib.sha256(b"torch-lane/2\0")
+    digest.update(f"{torch_requirement}\0python {sys.version_info[0]}.{sys.version_info[1]}\0".encode())
+    for rel in _hashed_files():
+        digest.update(rel.encode() + b"\0" + (forkbuild.ROOT / rel).read_bytes() + b"\0")
     return digest.hexdigest()
 
 
-def is_proven() -> int:
+def is_proven(torch_requirement: str) -> int:
     path = forkbuild.ROOT / "patches" / PROVEN
     record = json.loads(path.read_text()) if path.is_file() else {}
-    if record.get("state") == lane_state():
-        print(  # noqa: T201
-            f"torch lane: skipped, byte-identical to the state it passed on {record['proven_on']} "
-            f"(torch {record['torch']}, {record['summary']}, {record['seconds']} s; patches/{PROVEN})"
-        )
-        return 0
-    print("torch lane: the state differs from patches/" + PROVEN + ": running the lane")  # noqa: T201
-    return 1
+    age = None
+    if record.get("proven_on"):
+        age = (datetime.date.today() - datetime.date.fromisoformat(record["proven_on"])).days
+    if record.get("state") != lane_state(torch_requirement):
+        print(f"torch lane: the state differs from patches/{PROVEN}: running the lane")  # noqa: T201
+        return 1
+    if age is None or age > MAX_AGE_DAYS:
+        print(f"torch lane: patches/{PROVEN} is {age} days old (> {MAX_AGE_DAYS}): running the lane")  # noqa: T201
+        return 1
+    print(  # noqa: T201
+        f"torch lane: skipped, byte-identical to the state it passed on {record['proven_on']} "
+        f"(torch {record['torch']}, {record['summary']}, {record['seconds']} s; patches/{PROVEN})"
+    )
+    return 0
 
 
-def record(seconds: float, summary: str) -> None:
+def record(seconds: float, summary: str, state: str) -> None:
     import torch
 
     entry = {
-        "state": lane_state(),
+        "state": state,
         "proven_on": datetime.date.today().isoformat(),
         "torch": torch.__version__,
         "summary": summary,
@@ -242,11 +254,25 @@ class _Counts:
             self.outcomes[key] = len(terminalreporter.stats.get(key, []))
 
 
+def _isolated_counts(junit: Path) -> tuple[int, int]:
+    import xml.etree.ElementTree as ET
+
+    suite = ET.parse(junit).getroot()
+    suite = suite if suite.tag == "testsuite" else suite.find("testsuite")
+    tests, skipped = int(suite.get("tests", 0)), int(suite.get("skipped", 0))
+    return tests - skipped - int(suite.get("failures", 0)) - int(suite.get("errors", 0)), skipped
+
+
 def main(argv: list[str]) -> int:
+    torch_requirement = "torch"
+    if argv[:1] == ["--torch-requirement"]:
+        torch_requirement, argv = argv[1], argv[2:]
     if argv[:1] == ["--is-proven"]:
-        return is_proven()
-    whole = not argv  # only a run of the whole lane is recorded
-    state_before, started = lane_state(), time.monotonic()
+        return is_proven(torch_requirement)
+    # Only a run of the whole lane, as CI runs it, is recorded: no pytest arguments, no options from the environment
+    altered = [k for k in os.environ if k == "PYTEST_ADDOPTS" or k.startswith("TRL_HARNESS_")]
+    whole = not argv and not altered
+    state_before, started = lane_state(torch_requirement), time.monotonic()
     tree = prove.tree_for("fork")
     patch_tests = forkbuild.patch_test_files(tree)
     isolated = [path for path in patch_tests if path.name in ISOLATED]
@@ -256,16 +282,28 @@ def main(argv: list[str]) -> int:
     sys.path.insert(0, str(tree))
     os.chdir(forkbuild.ROOT)
     args = ["-p", "no:cacheprovider", "-m", "not gpu", "tests/build", *map(str, patch_tests)]
-    args += ["tests/dist/test_matrix.py", *argv]
+    args += ["tests/dist/test_matrix.py", "tests/dist/test_harness_teardown.py", *argv]
     counts = _Counts()
     code = pytest.main(args, plugins=[LanePlugin(tree, patch_tests), counts])
+    isolated_done = []
     for path in isolated:  # own process; its exit code 5 (nothing collected) fails the lane like any other
         print(f"\n[torch lane] {path.name} in a process of its own", flush=True)
-        result = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-m", "not gpu", str(path)])
+        junit = forkbuild.ROOT / "build" / f"torch-lane-{path.stem}.xml"
+        junit.parent.mkdir(parents=True, exist_ok=True)
+        command = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-m", "not gpu", f"--junitxml={junit}"]
+        result = subprocess.run([*command, str(path)])
         code = code or result.returncode
-    if code == 0 and whole and counts.outcomes.get("passed") and lane_state() == state_before:
+        if result.returncode == 0:
+            passed, skipped = _isolated_counts(junit)
+            isolated_done.append((path.name, passed, skipped))
+    ran_isolated = len(isolated_done) == len(isolated) and all(passed for _, passed, _ in isolated_done)
+    state = lane_state(torch_requirement)
+    if code == 0 and whole and counts.outcomes.get("passed") and ran_isolated and state == state_before:
         done = ", ".join(f"{n} {k}" for k, n in counts.outcomes.items() if n)
-        record(time.monotonic() - started, f"{done}; isolated: {', '.join(ISOLATED)} passed")
+        apart = "; ".join(f"{name}: {p} passed, {s} skipped" for name, p, s in isolated_done)
+        record(time.monotonic() - started, f"{done}; apart: {apart}", state)
+    elif code == 0 and not whole:
+        print(f"torch lane: not recorded (pytest arguments or {', '.join(altered) or 'none'})")  # noqa: T201
     return int(code)
 
 

@@ -164,6 +164,7 @@ def harness_env(backend=None, *, device="cpu", error_dir=None, preload=(), extra
         OMP_NUM_THREADS=env.get("OMP_NUM_THREADS", "1"),
     )
     env["PYTHONPATH"] = os.pathsep.join([str(SITE_DIR)] + [p for p in [env.get("PYTHONPATH")] if p])
+    env.pop("TRL_HARNESS_KEEP_GLOO_GROUPS", None)  # CPU launches only (below), never inherited
     if device == "cpu":
         env["CUDA_VISIBLE_DEVICES"] = ""
         env["ACCELERATE_USE_CPU"] = "false"
@@ -258,13 +259,17 @@ def _signal_all(proc, procs, sig):
             pass
 
 
-def _native_stacks(procs, error_dir):
-    """Every thread's C/C++ stack of each Python worker (gdb, when this machine has it): a hang inside a native
-    destructor or collective shows no Python frame, only these do."""
+def _native_stacks(procs, error_dir, budget=60.0):
+    """Every thread's C/C++ stack of each Python worker (gdb, when this machine has it and may attach): a hang
+    inside a native destructor or collective shows no Python frame, only these do. ``budget`` seconds in all."""
     gdb = shutil.which("gdb")
     if gdb is None or error_dir is None:
         return
+    deadline = time.monotonic() + budget
     for p in procs:
+        left = deadline - time.monotonic()
+        if left <= 1:
+            break
         try:
             if "python" not in p.name().lower():
                 continue
@@ -272,9 +277,11 @@ def _native_stacks(procs, error_dir):
                 [gdb, "-p", str(p.pid), "-batch", "-nx", "-ex", "thread apply all bt 30"],
                 capture_output=True,
                 text=True,
-                timeout=60,
+                timeout=left,
             )
             text = "\n".join(line for line in ran.stdout.splitlines() if line.startswith(("#", "Thread")))
+            if not text:  # could not attach (ptrace not allowed here): say so once, in the file
+                text = "gdb could not read the stacks: " + (ran.stderr.strip().splitlines() or ["no output"])[-1]
             (Path(error_dir) / f"native-{p.pid}.txt").write_text(text + "\n")
         except Exception:
             pass

@@ -9,7 +9,7 @@ launcher process and in every worker it spawns.  Each feature is off unless its 
                                   ``<dir>/traceback-rank<RANK>-<pid>.txt`` and register a faulthandler
                                   dump on SIGUSR1 (``<dir>/stacks-rank<RANK>-<pid>.txt``), which the
                                   launcher sends before it kills a launch that timed out.
-- ``TRL_HARNESS_KEEP_GLOO_GROUPS=1`` never destroy a gloo process group object (CPU launches; see
+- ``TRL_HARNESS_KEEP_GLOO_GROUPS=1`` never free a gloo process group object (CPU launches; see
                                   ``_keep_gloo_groups``).
 - ``TRL_HARNESS_PRELOAD=<files>`` ``os.pathsep``-separated Python files executed at start-up (the demo's
                                   hook that prints where the reference model lives).
@@ -97,11 +97,18 @@ def _keep_gloo_groups():
     def keep(c10d):
         for group in list(getattr(c10d._world, "pg_map", {})):
             try:
-                if id(group) not in kept and c10d.get_backend(group) == "gloo":
+                # "gloo", "cpu:gloo,cuda:nccl", or the config of a group initialized without a backend
+                if id(group) not in kept and "gloo" in str(c10d.get_backend_config(group)):
                     ctypes.pythonapi.Py_IncRef(ctypes.py_object(group))  # one reference that is never given back
                     kept.add(id(group))
             except Exception:
                 pass
+
+    def keep_at_exit(c10d):
+        before = len(kept)
+        keep(c10d)
+        if len(kept) > before:
+            print(f"[trl-harness] kept {len(kept) - before} gloo process group(s) alive at exit", file=sys.stderr)
 
     def patch(c10d):
         import atexit
@@ -118,7 +125,7 @@ def _keep_gloo_groups():
         dist = sys.modules.get("torch.distributed")
         if dist is not None and getattr(dist, "destroy_process_group", None) is destroy:
             dist.destroy_process_group = destroy_process_group
-        atexit.register(keep, c10d)  # the groups a script never destroyed, before the interpreter frees them
+        atexit.register(keep_at_exit, c10d)  # the groups a script never destroyed, before the interpreter frees them
 
     after_import("torch.distributed.distributed_c10d", patch)
 
