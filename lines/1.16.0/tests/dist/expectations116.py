@@ -9,7 +9,7 @@ Issues:
 
 - #27: frozen models (reference / reward / teacher): not sharded or placed under FSDP, not frozen (its item 1: "eval
   mode and no gradients"), Online DPO's reference not built under ZeRO-3 (the 0.16.1 line's patch 0034);
-- #28: PEFT weight sync / PEFT under FSDP1;
+- #28: PEFT weight sync / PEFT under FSDP1, Online DPO's sync one request per tensor;
 - #29: generation gather.
 """
 
@@ -21,6 +21,8 @@ NOT_SHARDED = r"is not sharded: holds"
 REQUIRES_GRAD = r"has parameters with requires_grad=True"
 WEIGHT_2D = r"RuntimeError: 'weight' must be 2-D"
 ODPO_ZERO3_NO_REF = r"ValueError: DeepSpeed ZeRO-3 is enabled and is not compatible with `create_reference_model\(\)`"
+PER_TENSOR = r"one request per tensor \(update_named_param\)"
+FSDP1_FLAT_MERGE = r"RuntimeError: inconsistent tensor size"
 
 # ------------------------------------------------------------------------------------------ the entries
 REWARD_NOT_SHARDED = known_broken(
@@ -42,6 +44,12 @@ ODPO_ZERO3 = known_broken(
     match=ODPO_ZERO3_NO_REF,
     why="Online DPO under ZeRO-3 without ref_model: create_reference_model() refused (0.16.1 line: patch 0034)",
 )
+ODPO_PER_TENSOR = known_broken(
+    28, match=PER_TENSOR, why="Online DPO sends one request per tensor to the vLLM server, not GRPO's packed stream"
+)
+LORA_FSDP1_MERGE = known_broken(
+    28, match=FSDP1_FLAT_MERGE, why="the LoRA sync merges the adapters on FSDP1's flat shards (merge_adapter)"
+)
 
 EXPECTED = {
     # --- placement under FSDP: the reference models are sharded (prepare_fsdp), reward models and teachers are not
@@ -55,8 +63,16 @@ EXPECTED = {
     ("gkd", "fsdp2", "placement"): (TEACHER_NOT_SHARDED,),
     ("grpo_lora", "fsdp1", "placement"): (REWARD_NOT_SHARDED,),
     ("grpo_lora", "fsdp2", "placement"): (REWARD_NOT_SHARDED,),
+    ("online_dpo_lora", "fsdp1", "placement"): (REWARD_NOT_SHARDED,),
+    ("online_dpo_lora", "fsdp2", "placement"): (REWARD_NOT_SHARDED,),
     # --- generation
     ("gkd", "fsdp1", "trains"): (GKD_FSDP1_GENERATE,),
+    # --- Online DPO with LoRA through the vLLM server (a stand-in): the weight sync
+    ("online_dpo_lora", "ddp", "trains"): (ODPO_PER_TENSOR,),
+    ("online_dpo_lora", "fsdp1", "trains"): (LORA_FSDP1_MERGE,),
+    ("online_dpo_lora", "fsdp2", "trains"): (ODPO_PER_TENSOR,),
+    ("online_dpo_lora", "zero2", "trains"): (ODPO_PER_TENSOR,),
+    ("online_dpo_lora", "zero3", "trains"): (ODPO_PER_TENSOR,),
     # --- Online DPO under ZeRO-3 with no reference model given: nothing is built, every check fails
     ("online_dpo", "zero3", "trains"): (ODPO_ZERO3,),
     ("online_dpo", "zero3", "wrapping"): (ODPO_ZERO3,),
@@ -65,7 +81,7 @@ EXPECTED = {
 }
 
 # --- frozen: every reference / reward / teacher model tracks gradients on every backend, except Online DPO's
-# reference (create_reference_model() freezes it); the LoRA cell's only frozen model is its reward model
-for _trainer in ("grpo", "rloo", "online_dpo", "gkd", "dpo", "kto", "grpo_lora"):
+# reference (create_reference_model() freezes it); the LoRA cells' only frozen model is their reward model
+for _trainer in ("grpo", "rloo", "online_dpo", "gkd", "dpo", "kto", "grpo_lora", "online_dpo_lora"):
     for _backend in ("ddp", "fsdp1", "fsdp2", "zero2", "zero3"):
         EXPECTED.setdefault((_trainer, _backend, "frozen"), (FROZEN_GRADS,))

@@ -24,7 +24,9 @@ from harness.matrix import CellRun, _check_same_trl
 
 
 WORKER = Path(__file__).resolve().parent / "matrix_worker.py"
-TRAINERS = ("grpo", "rloo", "online_dpo", "gkd", "dpo", "kto", "grpo_lora")
+TRAINERS = ("grpo", "rloo", "online_dpo", "gkd", "dpo", "kto", "grpo_lora", "online_dpo_lora")
+LORA_TRAINERS = ("grpo_lora", "online_dpo_lora")
+SYNC_ATOL = 1e-5  # the merge in float32: base + scale * B @ A, computed in another order than PEFT's
 BACKEND_NAMES = ("ddp", "fsdp1", "fsdp2", "zero2", "zero3")
 CHECKS = ("trains", "wrapping", "placement", "frozen")
 STEPS = 2
@@ -144,6 +146,42 @@ def _trainer_failed(run):
 def check_trains(run):
     run.launch.check()
     BASE_CHECKS["trains"](run)
+    if run.trainer == "online_dpo_lora":
+        check_vllm_sync(run)
+
+
+def check_vllm_sync(run):
+    """Online DPO with LoRA through the stand-in server: only the main process talks to it; it connects once, and
+    each step's sync is one packed stream followed by one cache reset; the first sync (of the freshly wrapped policy)
+    sends every checkpoint weight under its name, equal to the checkpoint's with the adapter merged."""
+    problems = []
+    for r in run.ranks:
+        facts = r.get("vllm") or {}
+        if r["rank"] != 0:
+            if facts.get("clients"):
+                problems.append(f"rank {r['rank']}: talked to the server ({facts.get('calls', [])[:4]})")
+            continue
+        calls = [call for call in facts.get("calls", []) if call != "weight_update"]
+        if calls[:1] != ["init_communicator"] or calls.count("init_communicator") != 1:
+            problems.append(f"rank 0: expected one init_communicator first, got {calls[:4]}")
+        per_step = ["update_named_params", "reset_prefix_cache", "generate"]
+        if "update_named_param" in calls:
+            problems.append("rank 0: one request per tensor (update_named_param), not one packed stream per sync")
+        elif calls[1:] != per_step * run.steps:
+            problems.append(f"rank 0: expected {per_step} per step ({run.steps} steps), got {calls[1:12]}")
+        first = facts.get("first_sync")
+        if first is None:
+            problems.append("rank 0: no sync reached the server")
+            continue
+        if first["missing"] or first["extra"]:
+            problems.append(f"rank 0: first sync misses {first['missing'][:4]}, has extra {first['extra'][:4]}")
+        if not first["max_abs_diff"] <= SYNC_ATOL:
+            problems.append(
+                f"rank 0: first sync differs from the checkpoint with the adapter merged by {first['max_abs_diff']} "
+                f"({first['worst']})"
+            )
+    if problems:
+        raise CellFailure(problems)
 
 
 def check_wrapping(run):
@@ -153,7 +191,7 @@ def check_wrapping(run):
         BASE_CHECKS["wrapping"](run)
     except CellFailure as exc:
         problems += exc.problems
-    if run.trainer == "grpo_lora":
+    if run.trainer in LORA_TRAINERS:
         for r in run.ranks:
             policy = r.get("policy") or {}
             if not policy.get("is_peft") or "PeftModel" not in "/".join(policy.get("wrappers", [])):

@@ -3,8 +3,10 @@
 Launched by ``matrix116.py`` next to this file (``accelerate launch --num_processes 2``, CPU ranks over gloo, with the
 harness shims of ``tests/harness/accelerate110.py``).  Trainers (``TRAINERS``): GRPO (reward model + reward function,
 ``beta > 0``), RLOO (reward model, ``beta > 0``), Online DPO (``trl.experimental.online_dpo``, reward model), GKD
-(``trl.experimental.gkd``, teacher), DPO and KTO (reference model) and GRPO with a LoRA adapter (reward model; its
-reference is the policy with the adapter disabled).
+(``trl.experimental.gkd``, teacher), DPO and KTO (reference model), GRPO with a LoRA adapter (reward model; its
+reference is the policy with the adapter disabled) and Online DPO with a LoRA adapter generating through a vLLM server
+(``online_dpo_lora``: the server is a stand-in client on the main process, ``StandInVLLMClient``, that records the
+weights each sync sends).
 
 Each trainer runs in a ``try``: a failure records its first error line and the next trainer starts.  Between two
 trainers the accelerator state is reset (``AcceleratorState._reset_state``, private accelerate API, test-only; the
@@ -18,10 +20,13 @@ so a crash or a hang leaves what was gathered so far):
 - ``frozen``: for each frozen model (``ref_model``, ``reward_model``, ``teacher_model``) what this rank holds
   (``harness.facts.describe_model``: devices, local parameter count, train mode, requires_grad);
 - ``prompts``: the token ids this rank generated from (generating trainers) or trained on (DPO, KTO), padding removed;
-- ``global_step`` and ``log_history`` after training.
+- ``global_step`` and ``log_history`` after training;
+- ``online_dpo_lora``: ``vllm``, what reached the stand-in server (the calls in order; the first sync compared with the
+  checkpoint's weights with the adapter merged, computed here from the checkpoint file and the adapter's values).
 """
 
 import argparse
+import contextlib
 import gc
 import json
 import math
@@ -35,7 +40,7 @@ from pathlib import Path
 REPO_ROOT = Path(__file__).resolve().parents[4]
 sys.path.insert(0, str(REPO_ROOT / "tests"))  # import harness
 
-TRAINERS = ("grpo", "rloo", "online_dpo", "gkd", "dpo", "kto", "grpo_lora")
+TRAINERS = ("grpo", "rloo", "online_dpo", "gkd", "dpo", "kto", "grpo_lora", "online_dpo_lora")
 FROZEN_NAMES = ("ref_model", "reward_model", "teacher_model")
 COLLECTIVE_TIMEOUT_S = 90  # gloo collectives give up after this: a rank left alone in one fails instead of hanging
 
@@ -98,6 +103,30 @@ def _record_training_inputs(trainer, rec, pad):
     trainer.training_step = training_step
 
 
+def _record_server_prompts(trainer, rec, pad):
+    """Generation goes through the server (the main process generates for every rank): record the prompt ids each
+    rank generates from, as Online DPO tokenizes them on its rank."""
+    original = trainer._generate_vllm_server
+
+    def generate(*args, **kwargs):
+        completion_ids, prompt_ids = original(*args, **kwargs)
+        rec.data["prompts"] += _strip(prompt_ids[: len(prompt_ids) // 2], None, pad)  # 2 copies of each prompt
+        return completion_ids, prompt_ids
+
+    trainer._generate_vllm_server = generate
+
+
+def _vllm_facts(expected):
+    """What reached the stand-in server on this rank: the calls, and the first sync against ``expected``."""
+    clients = StandInVLLMClient.instances
+    facts = {"clients": len(clients), "calls": [call for client in clients for call in client.calls]}
+    syncs = [sync for client in clients for sync in client.syncs]
+    facts["syncs"] = len(syncs)
+    if syncs:
+        facts["first_sync"] = _compare_sync(syncs[0], expected)
+    return facts
+
+
 def _trl_info():
     import trl
 
@@ -120,6 +149,129 @@ def _jsonable_logs(log_history):
 def _first_error_line(exc):
     text = str(exc).strip().splitlines()
     return f"{type(exc).__name__}: {text[0] if text else ''}".strip()
+
+
+class StandInVLLMClient:
+    """Stands in for ``trl.generation.vllm_client.VLLMClient`` (vLLM cannot run on CPU): records the calls a server
+    would get and the weights each sync streams; generates 3 fixed tokens per completion."""
+
+    instances = []
+
+    def __init__(self, **kwargs):
+        self.calls, self.syncs = [], []
+        StandInVLLMClient.instances.append(self)
+
+    def init_communicator(self, device):
+        self.calls.append("init_communicator")
+
+    def weight_update(self):
+        self.calls.append("weight_update")
+        return contextlib.nullcontext()
+
+    def update_named_params(self, metadata, named_params):
+        received = {name: tensor.detach().to("cpu", copy=True) for name, tensor in named_params}
+        announced = [name for name, *_ in metadata]
+        if announced != list(received):
+            raise AssertionError(f"the stream differs from its announcement: {announced[:3]} vs {list(received)[:3]}")
+        self.calls.append("update_named_params")
+        self.syncs.append(received)
+
+    def update_named_param(self, name, weights):  # one request per tensor (pristine Online DPO)
+        if not self.calls or self.calls[-1] != "update_named_param":  # the first tensor of a sync
+            self.syncs.append({})
+        self.calls.append("update_named_param")
+        self.syncs[-1][name] = weights.detach().to("cpu", copy=True)
+
+    def reset_prefix_cache(self):
+        self.calls.append("reset_prefix_cache")
+
+    def generate(self, prompts, n=1, **kwargs):
+        self.calls.append("generate")
+        return {"completion_ids": [[5, 6, 7] for _ in prompts for _ in range(n)]}
+
+
+class _SamplingParams:
+    def __init__(self, **kwargs):
+        self.__dict__.update(kwargs)
+
+
+@contextlib.contextmanager
+def _vllm_server_stand_in():
+    """``VLLMClient`` replaced by ``StandInVLLMClient`` where Online DPO and ``VLLMGeneration`` look it up (and vLLM
+    reported available, ``SamplingParams`` stubbed, the CPU taken for the current accelerator), for one trainer."""
+    import torch
+
+    import trl.experimental.online_dpo.online_dpo_trainer as online_dpo_trainer
+    import trl.generation.vllm_generation as vllm_generation
+
+    modules = (online_dpo_trainer, vllm_generation)
+    saved = [(m, n, getattr(m, n, None)) for m in modules for n in ("VLLMClient", "is_vllm_available")]
+    saved.append((online_dpo_trainer, "SamplingParams", getattr(online_dpo_trainer, "SamplingParams", None)))
+    saved.append((torch.accelerator, "current_accelerator", torch.accelerator.current_accelerator))
+    for module in (online_dpo_trainer, vllm_generation):
+        module.VLLMClient = StandInVLLMClient
+        module.is_vllm_available = lambda *args, **kwargs: True
+    online_dpo_trainer.SamplingParams = _SamplingParams
+    torch.accelerator.current_accelerator = lambda *args, **kwargs: torch.device("cpu")
+    StandInVLLMClient.instances.clear()
+    try:
+        yield
+    finally:
+        for module, name, value in saved:
+            setattr(module, name, value)
+
+
+LORA_SCALE = 2.0  # lora_alpha / r of the LoRA cells that merge
+
+
+def _lora_config():
+    from peft import LoraConfig
+
+    return LoraConfig(r=4, lora_alpha=4 * LORA_SCALE, target_modules=["q_proj", "v_proj", "down_proj"])
+
+
+def _set_adapters(model, checkpoint_dir):
+    """Gives the LoRA adapter of the trainer's (not yet wrapped) PEFT ``model`` values seeded per name, the same on
+    every rank (a fresh adapter's B is zero: a sync that merged nothing would pass); returns the weights a sync must
+    send, the checkpoint's with the adapter merged."""
+    import torch
+    from safetensors.torch import load_file
+
+    checkpoint = load_file(str(Path(checkpoint_dir) / "model.safetensors"))
+    adapters = {}
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if "lora_" in name:
+                generator = torch.Generator().manual_seed(sum(map(ord, name)))
+                adapters[name] = torch.randn(param.shape, generator=generator) * 0.1
+                param.copy_(adapters[name])
+    expected = dict(checkpoint)
+    for name, a in adapters.items():
+        if ".lora_A." in name:
+            b = adapters[name.replace(".lora_A.", ".lora_B.")]
+            base = name.removeprefix("base_model.model.").split(".lora_A.")[0] + ".weight"
+            expected[base] = checkpoint[base] + LORA_SCALE * (b @ a)
+    if not adapters or len(expected) != len(checkpoint):
+        raise RuntimeError(f"no LoRA adapter to set, or names that are not the checkpoint's: {sorted(adapters)[:4]}")
+    return expected
+
+
+def _compare_sync(received, expected):
+    """What a sync sent against the expected weights: names missing or extra, the largest difference."""
+    worst, where = 0.0, None
+    for name in sorted(set(received) & set(expected)):
+        if received[name].shape != expected[name].shape:
+            diff = float("inf")
+        else:
+            diff = (received[name].float() - expected[name].float()).abs().max().item()
+        if where is None or diff > worst:
+            worst, where = diff, name
+    return {
+        "missing": sorted(set(expected) - set(received)),
+        "extra": sorted(set(received) - set(expected)),
+        "max_abs_diff": worst,
+        "worst": where,
+    }
 
 
 def build_trainer(kind, manifest, out_dir, steps, rec):
@@ -219,6 +371,23 @@ def build_trainer(kind, manifest, out_dir, steps, rec):
             callbacks=[Facts()],
         )
         frozen = {"ref_model": trainer.ref_model, "reward_model": trainer.reward_funcs[0]}
+    elif kind == "online_dpo_lora":
+        from trl.experimental.online_dpo import OnlineDPOConfig, OnlineDPOTrainer
+
+        args = OnlineDPOConfig(**common, max_new_tokens=8, max_length=64, beta=0.1, use_vllm=True, vllm_mode="server")
+        trainer = OnlineDPOTrainer(
+            model=policy(),
+            reward_funcs=[reward()],
+            reward_processing_classes=[tokenizer],
+            args=args,
+            train_dataset=prompts,
+            processing_class=tokenizer,
+            callbacks=[Facts()],
+            peft_config=_lora_config(),
+        )
+        rec.expected_sync = _set_adapters(trainer.model, manifest["policy"])  # wrapped when training starts
+        frozen = {"ref_model": trainer.ref_model, "reward_model": trainer.reward_funcs[0]}
+        _record_server_prompts(trainer, rec, tokenizer.pad_token_id)
     elif kind == "gkd":
         from trl.experimental.gkd import GKDConfig, GKDTrainer
 
@@ -307,10 +476,15 @@ def run_one(kind, manifest, out_dir, steps):
         from transformers import AutoTokenizer
 
         CURRENT["pad"] = AutoTokenizer.from_pretrained(manifest["policy"]).pad_token_id
-        rec.trainer = build_trainer(kind, manifest, out_dir, steps, rec)
-        rec.data["stage"] = "initialized"
-        rec.flush()
-        rec.trainer.train()
+        with _vllm_server_stand_in() if kind == "online_dpo_lora" else contextlib.nullcontext():
+            rec.trainer = build_trainer(kind, manifest, out_dir, steps, rec)
+            rec.data["stage"] = "initialized"
+            rec.flush()
+            try:
+                rec.trainer.train()
+            finally:
+                if kind == "online_dpo_lora":
+                    rec.data["vllm"] = _vllm_facts(rec.expected_sync)
         rec.data["global_step"] = rec.trainer.state.global_step
         rec.data["log_history"] = _jsonable_logs(rec.trainer.state.log_history)
         rec.data["stage"] = "trained"

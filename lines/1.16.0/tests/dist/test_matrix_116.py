@@ -4,7 +4,7 @@ Each (trainer, backend) cell has four checks (``trains``, ``wrapping``, ``placem
 read from that backend's launch (cached for the session).  Checks that fail on pristine TRL 1.16.0 are strict
 expected failures keyed by the fixing issue (``expectations116.py``).
 
-    pytest lines/1.16.0/tests/dist/test_matrix_116.py                       # 5 launches, 140 checks
+    pytest lines/1.16.0/tests/dist/test_matrix_116.py                       # 5 launches, 160 checks
     pytest lines/1.16.0/tests/dist/test_matrix_116.py -k "fsdp1"            # one launch
 """
 
