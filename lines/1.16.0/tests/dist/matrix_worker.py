@@ -357,10 +357,12 @@ def build_trainer(kind, manifest, out_dir, steps, rec):
             callbacks=[Facts()],
         )
         frozen = {"ref_model": trainer.ref_model, "reward_model": trainer.reward_funcs[0]}
-    elif kind == "online_dpo":
+    elif kind in ("online_dpo", "online_dpo_lora"):
         from trl.experimental.online_dpo import OnlineDPOConfig, OnlineDPOTrainer
 
-        args = OnlineDPOConfig(**common, max_new_tokens=8, max_length=64, beta=0.1)
+        lora = kind == "online_dpo_lora"  # with a LoRA adapter, generating through the (stand-in) vLLM server
+        server = dict(use_vllm=True, vllm_mode="server") if lora else {}
+        args = OnlineDPOConfig(**common, max_new_tokens=8, max_length=64, beta=0.1, **server)
         trainer = OnlineDPOTrainer(
             model=policy(),
             reward_funcs=[reward()],
@@ -369,25 +371,12 @@ def build_trainer(kind, manifest, out_dir, steps, rec):
             train_dataset=prompts,
             processing_class=tokenizer,
             callbacks=[Facts()],
+            peft_config=_lora_config() if lora else None,
         )
         frozen = {"ref_model": trainer.ref_model, "reward_model": trainer.reward_funcs[0]}
-    elif kind == "online_dpo_lora":
-        from trl.experimental.online_dpo import OnlineDPOConfig, OnlineDPOTrainer
-
-        args = OnlineDPOConfig(**common, max_new_tokens=8, max_length=64, beta=0.1, use_vllm=True, vllm_mode="server")
-        trainer = OnlineDPOTrainer(
-            model=policy(),
-            reward_funcs=[reward()],
-            reward_processing_classes=[tokenizer],
-            args=args,
-            train_dataset=prompts,
-            processing_class=tokenizer,
-            callbacks=[Facts()],
-            peft_config=_lora_config(),
-        )
-        rec.expected_sync = _set_adapters(trainer.model, manifest["policy"])  # wrapped when training starts
-        frozen = {"ref_model": trainer.ref_model, "reward_model": trainer.reward_funcs[0]}
-        _record_server_prompts(trainer, rec, tokenizer.pad_token_id)
+        if lora:
+            rec.expected_sync = _set_adapters(trainer.model, manifest["policy"])  # wrapped when training starts
+            _record_server_prompts(trainer, rec, tokenizer.pad_token_id)
     elif kind == "gkd":
         from trl.experimental.gkd import GKDConfig, GKDTrainer
 
