@@ -120,6 +120,15 @@ def patch_issues(patch_file: Path) -> tuple[int, ...]:
     return tuple(issues)
 
 
+def files_digest(salt: bytes, paths):
+    """A sha256 seeded with ``salt``, fed with each path's name relative to the repository and its bytes (each
+    followed by a NUL byte): the state hashes of the proof records (``tools/prove.py``, ``tools/torch_lane.py``)."""
+    digest = hashlib.sha256(salt)
+    for path in paths:
+        digest.update(path.relative_to(ROOT).as_posix().encode() + b"\0" + path.read_bytes() + b"\0")
+    return digest
+
+
 def fingerprint(patches_dir: Path = PATCHES_DIR, series: list[str] | None = None) -> str:
     """A hash of everything a materialized tree depends on."""
     digest = hashlib.sha256(TOOL_REVISION.encode())

@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import hashlib
 import json
 import os
 import platform
@@ -72,11 +71,7 @@ PROOF_REVISION = "1"
 
 def _salted_digest(*paths: Path):
     """A sha256 salted with the revisions of tree building and proving, fed with each path's name and bytes."""
-    digest = hashlib.sha256(f"{forkbuild.TOOL_REVISION}/{PROOF_REVISION}".encode())
-    for path in paths:
-        digest.update(path.relative_to(forkbuild.ROOT).as_posix().encode() + b"\0")
-        digest.update(path.read_bytes() + b"\0")
-    return digest
+    return forkbuild.files_digest(f"{forkbuild.TOOL_REVISION}/{PROOF_REVISION}".encode(), paths)
 
 
 def proof_state() -> str:

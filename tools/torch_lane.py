@@ -30,7 +30,6 @@ changed (13 minutes of its budget); anything else runs the whole lane again.
 from __future__ import annotations
 
 import datetime
-import hashlib
 import json
 import os
 import re
@@ -205,11 +204,8 @@ def _hashed_files() -> list[str]:
 def lane_state(torch_requirement: str) -> str:
     """A hash of what the lane's result depends on: the files of ``_hashed_files``, the torch requirement it installs
     and the Python it runs on (major.minor)."""
-    digest = hashlib.sha256(b"torch-lane/2\0")
-    digest.update(f"{torch_requirement}\0python {sys.version_info[0]}.{sys.version_info[1]}\0".encode())
-    for rel in _hashed_files():
-        digest.update(rel.encode() + b"\0" + (forkbuild.ROOT / rel).read_bytes() + b"\0")
-    return digest.hexdigest()
+    salt = f"torch-lane/2\0{torch_requirement}\0python {sys.version_info[0]}.{sys.version_info[1]}\0".encode()
+    return forkbuild.files_digest(salt, [forkbuild.ROOT / rel for rel in _hashed_files()]).hexdigest()
 
 
 def is_proven(torch_requirement: str) -> int:
