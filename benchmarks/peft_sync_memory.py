@@ -3,8 +3,9 @@
 Issue #28. At N CPU ranks (gloo), for ZeRO-3, FSDP1 and FSDP2, the script builds a randomly initialised Qwen2 model
 (``--sizes``: ``100m`` is 12 layers, hidden 768, vocabulary 16,000, about 100M parameters; ``500m`` is 28 layers,
 hidden 1024, intermediate 4096, vocabulary 32,000, about 500M), puts LoRA (rank 16, random adapters) on every linear
-layer of the decoder, wraps it as a trainer does (Accelerate with the test harness's FSDP-on-CPU shim, or
-``deepspeed.initialize`` with ZeRO-3, every parameter partitioned), and streams its weights with
+layer of the decoder, wraps it as a trainer does (under FSDP, Accelerate with the test harness's FSDP-on-CPU shim,
+the decoder layers wrapped, and under FSDP1 PEFT's wrap policy, which ``Trainer`` installs for a PEFT model there:
+each LoRA adapter a unit of its own; under ZeRO-3, ``deepspeed.initialize``, every parameter partitioned), and streams its weights with
 ``VLLMGeneration._iter_named_params`` to a stand-in that reads each tensor on the main process, as GRPO's sync does
 (the other ranks take part in the gathers):
 
@@ -15,7 +16,7 @@ layer of the decoder, wraps it as a trainer does (Accelerate with the test harne
   ``fork``, as it modifies the weights.
 
 Before any measurement, each process calls Accelerate's ``is_peft_model`` on the policy, as ``GRPOTrainer.__init__``
-does: it imports DeepSpeed, a one-time cost a trainer's process has paid before its first sync.
+does: it imports DeepSpeed, a one-time cost a trainer's process has paid before its first sync (printed at the end).
 
 Peak extra per rank: the process's peak resident memory during the sync minus its resident memory right before it
 (``VmHWM`` after resetting it; glibc ``mmap``s every block of 64 KiB or more, so freed buffers leave at once).
@@ -41,7 +42,7 @@ import sys
 import tempfile
 import time
 
-from _common import MIB, build_qwen2, mmap_large_blocks, peak_extra
+from _common import MIB, build_qwen2, mmap_large_blocks, peak_extra, status_kib
 
 
 BACKENDS = ("zero3", "fsdp1", "fsdp2")
@@ -86,6 +87,11 @@ def _wrap(backend, model):
     plugin.use_orig_params = True  # PEFT under FSDP1 needs original parameters
     use_fsdp_on_cpu(plugin)
     accelerator = Accelerator()
+    if backend == "fsdp1":
+        # As `Trainer` prepares a PEFT model under FSDP1 (not FSDP2): PEFT's wrap policy, each adapter a unit of its own
+        from transformers.distributed.fsdp import update_fsdp_plugin_peft
+
+        update_fsdp_plugin_peft(model, accelerator)
     accelerator.prepare(model, torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=0.0))
     return model, accelerator
 
@@ -124,11 +130,13 @@ def _bench(size, backend, out_dir):
     largest_unit, total = _largest_unit(model, backend)
     inner, accelerator = _wrap(backend, model)
     # What a trainer's process has done before its first sync: GRPOTrainer.__init__ asks Accelerate's `is_peft_model`,
-    # which imports DeepSpeed where it is installed (12 MiB anonymous and 7 MiB file-backed resident memory on this
-    # machine), a one-time cost of the process that would otherwise count as the first sync's under FSDP
+    # which imports DeepSpeed where it is installed, a one-time cost of the process that would otherwise count as the
+    # first sync's under FSDP (under ZeRO-3 DeepSpeed is imported already)
     from accelerate.utils import is_peft_model
 
+    before = status_kib("VmRSS")
     assert is_peft_model(inner)
+    trainer_init = (status_kib("VmRSS") - before) * 1024
     generation = vllm_generation.VLLMGeneration.__new__(vllm_generation.VLLMGeneration)
     generation.model, generation.accelerator = inner, accelerator
     generation._dist = DistributedBackend(accelerator)
@@ -159,7 +167,7 @@ def _bench(size, backend, out_dir):
         if error is not None:
             break  # the processes are no longer in step
         dist.barrier()
-    result = {"rank": rank, "largest_unit": largest_unit, "total": total, **results}
+    result = {"rank": rank, "largest_unit": largest_unit, "total": total, "is_peft_model": trainer_init, **results}
     with open(os.path.join(out_dir, f"{rank}.json"), "w") as f:
         json.dump(result, f)
 
@@ -248,7 +256,7 @@ def main(argv=None):
     options = parse_args(argv)
     mmap_large_blocks()
     sys.path.insert(0, _tests_dir())
-    rows = []
+    rows, imports = [], []
     print(
         "| size | backend | params | largest unit | variant | peak extra / rank (max) | <= one unit + 10 % | time | output |"
     )
@@ -260,6 +268,7 @@ def main(argv=None):
                 print(f"| {size} | {backend} | | | | no result | | | |")
                 continue
             same = check_same(results)
+            imports.append((size, backend, max(r["is_peft_model"] for r in results)))
             unit, total = results[0]["largest_unit"], results[0]["total"]
             one_unit = max(r["one unit"]["peak_extra"] for r in results)
             for variant in ("one unit", "fork", "fork again", "pristine"):
@@ -290,6 +299,11 @@ def main(argv=None):
                     f"{verdict} | {seconds:.1f} s | {same if variant != 'one unit' else ''} |",
                     flush=True,
                 )
+    if imports:
+        print("\n| size | backend | resident memory added by `is_peft_model` before measuring (rank max) |")
+        print("| --- | --- | ---: |")
+        for size, backend, added in imports:
+            print(f"| {size} | {backend} | {added / MIB:.1f} MiB |")
     if options.json:
         with open(options.json, "w") as f:
             json.dump(rows, f, indent=1)

@@ -24,6 +24,7 @@ import subprocess
 import sys
 import tarfile
 import tempfile
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -120,7 +121,7 @@ def patch_issues(patch_file: Path) -> tuple[int, ...]:
     return tuple(issues)
 
 
-def files_digest(salt: bytes, paths):
+def files_digest(salt: bytes, paths: Iterable[Path]):
     """A sha256 seeded with ``salt``, fed with each path's name relative to the repository and its bytes (each
     followed by a NUL byte): the state hashes of the proof records (``tools/prove.py``, ``tools/torch_lane.py``)."""
     digest = hashlib.sha256(salt)

@@ -7,8 +7,10 @@ turns each trainer's JSON into a :class:`harness.matrix.CellRun` and runs the ch
 
 - a trainer that failed inside the launch fails its checks with its own first error line (the launch itself
   succeeded: the worker goes on with the next trainer); one still running when the launch hit its timeout is a hang;
-- ``wrapping`` of the LoRA cell also checks that the trained model is a ``PeftModel`` whose trainable parameters
-  are the adapter only.
+- ``wrapping`` of the LoRA cells (``grpo_lora``, ``online_dpo_lora``) also checks that the trained model is a
+  ``PeftModel`` whose trainable parameters are the adapter only;
+- ``trains`` of ``online_dpo_lora`` also checks what reached the stand-in vLLM server and the base weights after
+  training (``check_vllm_sync``).
 """
 
 import json
@@ -31,7 +33,8 @@ BACKEND_NAMES = ("ddp", "fsdp1", "fsdp2", "zero2", "zero3")
 CHECKS = ("trains", "wrapping", "placement", "frozen")
 STEPS = 2
 LAUNCH_TIMEOUT = 300  # seconds per launch (a whole backend); the launch takes 20-40 s on 2 idle cores
-LORA_MAX_TRAINABLE = 0.10  # the adapter's share of the policy's parameters (r=4 on q/v: ~2%)
+LORA_MAX_TRAINABLE = 0.10  # the adapter's share of the policy's parameters (r=4 on q/v, and down: a few %)
+PER_DEVICE_BATCH = 2  # prompts per rank and step (harness.fixtures.training_kwargs)
 FINAL_STAGES = ("trained",)
 
 
@@ -151,16 +154,33 @@ def check_trains(run):
 
 
 def check_vllm_sync(run):
-    """Online DPO with LoRA through the stand-in server: only the main process talks to it; it connects once, and
-    each step's sync is one packed stream followed by one cache reset; the first sync (of the freshly wrapped policy)
-    sends every checkpoint weight under its name, equal to the checkpoint's with the adapter merged."""
+    """Online DPO with LoRA through the stand-in server: only the main process talks to it, through one client; it
+    connects once, and each step is one packed stream, one cache reset, one generation for every rank's prompts; the
+    first sync (of the freshly wrapped policy) sends every checkpoint weight under its name, equal to the checkpoint's
+    with the adapter merged; the second sends the weights without an adapter bit for bit as in the checkpoint and the
+    others changed by the step; after training every rank's base weights are bit-identical to the checkpoint."""
     problems = []
     for r in run.ranks:
         facts = r.get("vllm") or {}
+        if r.get("vllm_error"):
+            problems.append(f"rank {r['rank']}: reading what reached the server failed: {r['vllm_error']}")
+        after = r.get("base_after")
+        if after is None:
+            problems.append(f"rank {r['rank']}: base weights after training not read")
+        elif after["changed"] or after["missing"] or not after["compared"]:
+            problems.append(
+                f"rank {r['rank']}: base weights after training differ from the checkpoint: {after['changed'][:4]}, "
+                f"missing {after['missing'][:4]} ({after['compared']} compared)"
+            )
         if r["rank"] != 0:
             if facts.get("clients"):
                 problems.append(f"rank {r['rank']}: talked to the server ({facts.get('calls', [])[:4]})")
             continue
+        if facts.get("clients") != 1:
+            problems.append(f"rank 0: {facts.get('clients')} clients, expected one")
+        wanted = [run.world_size * PER_DEVICE_BATCH, 2]
+        if any(list(entry) != wanted for entry in facts.get("generated", [])):
+            problems.append(f"rank 0: generated for {facts.get('generated')} (prompts, n), expected {wanted} a step")
         calls = [call for call in facts.get("calls", []) if call != "weight_update"]
         if calls[:1] != ["init_communicator"] or calls.count("init_communicator") != 1:
             problems.append(f"rank 0: expected one init_communicator first, got {calls[:4]}")
@@ -180,6 +200,11 @@ def check_vllm_sync(run):
                 f"rank 0: first sync differs from the checkpoint with the adapter merged by {first['max_abs_diff']} "
                 f"({first['worst']})"
             )
+        second = facts.get("second_sync")
+        if second is None:
+            problems.append(f"rank 0: {facts.get('syncs')} syncs reached the server, expected {run.steps}")
+        elif any(second.values()):
+            problems.append(f"rank 0: second sync: {second}")
     if problems:
         raise CellFailure(problems)
 

@@ -22,7 +22,9 @@ so a crash or a hang leaves what was gathered so far):
 - ``prompts``: the token ids this rank generated from (generating trainers) or trained on (DPO, KTO), padding removed;
 - ``global_step`` and ``log_history`` after training;
 - ``online_dpo_lora``: ``vllm``, what reached the stand-in server (the calls in order; the first sync compared with the
-  checkpoint's weights with the adapter merged, computed here from the checkpoint file and the adapter's values).
+  checkpoint's weights with the adapter merged, computed here from the checkpoint file and the adapter's values; the
+  second against the checkpoint and the first), and ``base_after``, the policy's base weights after training, gathered
+  whole on every rank, against the checkpoint.
 """
 
 import argparse
@@ -34,7 +36,9 @@ import os
 import sys
 import time
 import traceback
+import zlib
 from pathlib import Path
+from unittest import mock
 
 
 REPO_ROOT = Path(__file__).resolve().parents[4]
@@ -116,15 +120,66 @@ def _record_server_prompts(trainer, rec, pad):
     trainer._generate_vllm_server = generate
 
 
-def _vllm_facts(expected):
-    """What reached the stand-in server on this rank: the calls, and the first sync against ``expected``."""
+def _vllm_facts(checkpoint, expected):
+    """What reached the stand-in server on this rank: the calls; the first sync against ``expected``; the second one
+    against the checkpoint (weights without an adapter: bit for bit) and the first (weights with one: changed by the
+    step in between)."""
     clients = StandInVLLMClient.instances
     facts = {"clients": len(clients), "calls": [call for client in clients for call in client.calls]}
+    facts["generated"] = [entry for client in clients for entry in client.generated]
     syncs = [sync for client in clients for sync in client.syncs]
     facts["syncs"] = len(syncs)
     if syncs:
         facts["first_sync"] = _compare_sync(syncs[0], expected)
+    if len(syncs) > 1:
+        first, second = syncs[:2]
+        targeted = {name for name in expected if not torch_equal(expected[name], checkpoint[name])}
+        facts["second_sync"] = {
+            "names_differ": sorted(set(first) ^ set(second)),
+            "untargeted_changed": sorted(
+                n for n in set(second) - targeted if n in checkpoint and not torch_equal(second[n], checkpoint[n])
+            ),
+            "targeted_unchanged": sorted(
+                n for n in targeted if n in first and n in second and torch_equal(first[n], second[n])
+            ),
+        }
     return facts
+
+
+def torch_equal(a, b):
+    import torch
+
+    return a.shape == b.shape and torch.equal(a, b)
+
+
+def _base_weights_after_training(trainer, checkpoint):
+    """Every rank: the policy's base weights, gathered whole, against the checkpoint (frozen under LoRA, and the syncs
+    merge into copies: bit-identical). Collective under ZeRO-3 and FSDP."""
+    import torch
+
+    backend = os.environ.get("TRL_MATRIX_BACKEND")
+    owner, gathered = trainer.model, contextlib.nullcontext()
+    if backend == "zero3":
+        import deepspeed
+
+        gathered = deepspeed.zero.GatheredParameters(list(owner.parameters()))
+    elif backend == "fsdp1":
+        from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+
+        owner = trainer.model_wrapped  # the root unit holds the embeddings and the head
+        gathered = FSDP.summon_full_params(owner, writeback=False)
+    seen, changed = set(), []
+    with gathered, torch.no_grad():
+        for name, param in owner.named_parameters():
+            name = name.replace("_fsdp_wrapped_module.", "").removeprefix("base_model.model.")
+            name = name.replace(".base_layer", "")
+            if "lora_" in name:
+                continue
+            tensor = param.full_tensor() if hasattr(param, "full_tensor") else param
+            seen.add(name)
+            if name not in checkpoint or not torch_equal(tensor.detach().cpu(), checkpoint[name]):
+                changed.append(name)
+    return {"compared": len(seen), "changed": sorted(changed), "missing": sorted(set(checkpoint) - seen)}
 
 
 def _trl_info():
@@ -158,7 +213,7 @@ class StandInVLLMClient:
     instances = []
 
     def __init__(self, **kwargs):
-        self.calls, self.syncs = [], []
+        self.calls, self.syncs, self.generated = [], [], []
         StandInVLLMClient.instances.append(self)
 
     def init_communicator(self, device):
@@ -169,10 +224,12 @@ class StandInVLLMClient:
         return contextlib.nullcontext()
 
     def update_named_params(self, metadata, named_params):
+        # A server allocates what the metadata announces, then fills it from the stream in that order
         received = {name: tensor.detach().to("cpu", copy=True) for name, tensor in named_params}
-        announced = [name for name, *_ in metadata]
-        if announced != list(received):
-            raise AssertionError(f"the stream differs from its announcement: {announced[:3]} vs {list(received)[:3]}")
+        announced = [(name, str(dtype).removeprefix("torch."), list(shape)) for name, dtype, shape in metadata]
+        streamed = [(name, str(t.dtype).removeprefix("torch."), list(t.shape)) for name, t in received.items()]
+        if announced != streamed:
+            raise AssertionError(f"the stream differs from its announcement: {announced[:2]} vs {streamed[:2]}")
         self.calls.append("update_named_params")
         self.syncs.append(received)
 
@@ -187,7 +244,9 @@ class StandInVLLMClient:
 
     def generate(self, prompts, n=1, **kwargs):
         self.calls.append("generate")
-        return {"completion_ids": [[5, 6, 7] for _ in prompts for _ in range(n)]}
+        self.generated.append((len(prompts), n))
+        # The completions of a prompt differ (identical pairs would give Online DPO no gradient)
+        return {"completion_ids": [[5 + k % n, 6 + (k // n) % 3, 7] for k in range(len(prompts) * n)]}
 
 
 class _SamplingParams:
@@ -204,21 +263,16 @@ def _vllm_server_stand_in():
     import trl.experimental.online_dpo.online_dpo_trainer as online_dpo_trainer
     import trl.generation.vllm_generation as vllm_generation
 
-    modules = (online_dpo_trainer, vllm_generation)
-    saved = [(m, n, getattr(m, n, None)) for m in modules for n in ("VLLMClient", "is_vllm_available")]
-    saved.append((online_dpo_trainer, "SamplingParams", getattr(online_dpo_trainer, "SamplingParams", None)))
-    saved.append((torch.accelerator, "current_accelerator", torch.accelerator.current_accelerator))
-    for module in (online_dpo_trainer, vllm_generation):
-        module.VLLMClient = StandInVLLMClient
-        module.is_vllm_available = lambda *args, **kwargs: True
-    online_dpo_trainer.SamplingParams = _SamplingParams
-    torch.accelerator.current_accelerator = lambda *args, **kwargs: torch.device("cpu")
     StandInVLLMClient.instances.clear()
-    try:
+    with contextlib.ExitStack() as stack:
+        for module in (online_dpo_trainer, vllm_generation):
+            stack.enter_context(mock.patch.object(module, "VLLMClient", StandInVLLMClient, create=True))
+            stack.enter_context(mock.patch.object(module, "is_vllm_available", lambda *a, **k: True, create=True))
+        stack.enter_context(mock.patch.object(online_dpo_trainer, "SamplingParams", _SamplingParams, create=True))
+        cpu = lambda *args, **kwargs: torch.device("cpu")  # noqa: E731
+        stack.enter_context(mock.patch.object(torch.accelerator, "current_accelerator", cpu))
+        stack.callback(StandInVLLMClient.instances.clear)  # the copies of every sync go with the trainer
         yield
-    finally:
-        for module, name, value in saved:
-            setattr(module, name, value)
 
 
 LORA_SCALE = 2.0  # lora_alpha / r of the LoRA cells that merge
@@ -232,8 +286,8 @@ def _lora_config():
 
 def _set_adapters(model, checkpoint_dir):
     """Gives the LoRA adapter of the trainer's (not yet wrapped) PEFT ``model`` values seeded per name, the same on
-    every rank (a fresh adapter's B is zero: a sync that merged nothing would pass); returns the weights a sync must
-    send, the checkpoint's with the adapter merged."""
+    every rank (a fresh adapter's B is zero: a sync that merged nothing would pass); returns the checkpoint's weights
+    and those a sync must send (the checkpoint's with the adapter merged)."""
     import torch
     from safetensors.torch import load_file
 
@@ -242,7 +296,9 @@ def _set_adapters(model, checkpoint_dir):
     with torch.no_grad():
         for name, param in model.named_parameters():
             if "lora_" in name:
-                generator = torch.Generator().manual_seed(sum(map(ord, name)))
+                if param.numel() == 0 or hasattr(param, "ds_id"):
+                    raise RuntimeError(f"{name} is already sharded: the adapter must be set before wrapping")
+                generator = torch.Generator().manual_seed(zlib.crc32(name.encode()))
                 adapters[name] = torch.randn(param.shape, generator=generator) * 0.1
                 param.copy_(adapters[name])
     expected = dict(checkpoint)
@@ -250,10 +306,13 @@ def _set_adapters(model, checkpoint_dir):
         if ".lora_A." in name:
             b = adapters[name.replace(".lora_A.", ".lora_B.")]
             base = name.removeprefix("base_model.model.").split(".lora_A.")[0] + ".weight"
-            expected[base] = checkpoint[base] + LORA_SCALE * (b @ a)
+            delta = LORA_SCALE * (b @ a)
+            if not delta.abs().max() > 1e-3:
+                raise RuntimeError(f"the adapter of {base} barely changes it: a sync that merged nothing would pass")
+            expected[base] = checkpoint[base] + delta
     if not adapters or len(expected) != len(checkpoint):
         raise RuntimeError(f"no LoRA adapter to set, or names that are not the checkpoint's: {sorted(adapters)[:4]}")
-    return expected
+    return checkpoint, expected
 
 
 def _compare_sync(received, expected):
@@ -375,7 +434,7 @@ def build_trainer(kind, manifest, out_dir, steps, rec):
         )
         frozen = {"ref_model": trainer.ref_model, "reward_model": trainer.reward_funcs[0]}
         if lora:
-            rec.expected_sync = _set_adapters(trainer.model, manifest["policy"])  # wrapped when training starts
+            rec.checkpoint, rec.expected_sync = _set_adapters(trainer.model, manifest["policy"])  # not wrapped yet
             _record_server_prompts(trainer, rec, tokenizer.pad_token_id)
     elif kind == "gkd":
         from trl.experimental.gkd import GKDConfig, GKDTrainer
@@ -473,7 +532,12 @@ def run_one(kind, manifest, out_dir, steps):
                 rec.trainer.train()
             finally:
                 if kind == "online_dpo_lora":
-                    rec.data["vllm"] = _vllm_facts(rec.expected_sync)
+                    try:
+                        rec.data["vllm"] = _vllm_facts(rec.checkpoint, rec.expected_sync)
+                    except Exception as exc:  # recorded apart: the training's own error stays the cell's error
+                        rec.data["vllm_error"] = _first_error_line(exc)
+            if kind == "online_dpo_lora":
+                rec.data["base_after"] = _base_weights_after_training(rec.trainer, rec.checkpoint)
         rec.data["global_step"] = rec.trainer.state.global_step
         rec.data["log_history"] = _jsonable_logs(rec.trainer.state.log_history)
         rec.data["stage"] = "trained"
