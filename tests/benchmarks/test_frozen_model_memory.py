@@ -9,11 +9,11 @@ one decoder layer is 14 % of the model.
 """
 
 import json
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from harness.launcher import run_benchmark
 
 
 REPO = Path(__file__).resolve().parents[2]
@@ -25,7 +25,7 @@ SIZE = ["--layers", "4", "--hidden", "256", "--intermediate", "512", "--vocab", 
 def rows(tmp_path_factory):
     out = tmp_path_factory.mktemp("frozen-bench") / "rows.json"
     cmd = [sys.executable, str(SCRIPT), *SIZE, "--variants", "base,fork", "--json", str(out)]
-    run = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=REPO)
+    run = run_benchmark(cmd, timeout=600, cwd=REPO)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     return json.loads(out.read_text())
 

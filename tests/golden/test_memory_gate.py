@@ -15,12 +15,11 @@ be 2-D``, fixed by patch 0015), so there is no base figure.
 """
 
 import json
-import subprocess
 import sys
 
 import pytest
 from golden_runs import tree_paths
-from harness.launcher import REPO_ROOT
+from harness.launcher import REPO_ROOT, run_benchmark
 
 
 pytestmark = [pytest.mark.golden, pytest.mark.slow, pytest.mark.dist]
@@ -42,7 +41,7 @@ def measure(trees, backends, tmp_path_factory):
         json_path = tmp_path_factory.mktemp(f"memory-{tree}") / "result.json"
         command = [sys.executable, str(BENCHMARK), "--trl", str(path), "--backends", ",".join(backends)]
         command += ["--default-only", *MODEL, *GENERATION, "--json", str(json_path)]
-        done = subprocess.run(command, capture_output=True, text=True, timeout=TIMEOUT, cwd=REPO_ROOT)
+        done = run_benchmark(command, timeout=TIMEOUT)
         assert done.returncode == 0, f"{tree}: benchmark failed\n{done.stdout[-3000:]}\n{done.stderr[-6000:]}"
         print(done.stdout)
         out[tree] = json.loads(json_path.read_text())["results"]

@@ -369,6 +369,23 @@ def run_command(cmd, *, env, workdir, backend="-", timeout=DEFAULT_TIMEOUT, cwd=
     return _run_command_once(cmd, env=env, workdir=workdir, backend=backend, timeout=timeout, cwd=cwd, echo=echo)
 
 
+def run_benchmark(cmd, *, timeout, cwd=REPO_ROOT):
+    """``subprocess.run(cmd)`` of a benchmark script that spawns its own gloo ranks (``torch.multiprocessing``),
+    output captured; a run that failed with the gloo abort of :func:`run_command` (a rank killed by SIGABRT, no Python
+    exception from a rank) is run once more, with a warning. Any other failure is returned as it is."""
+
+    def once():
+        return subprocess.run([str(c) for c in cmd], capture_output=True, text=True, timeout=timeout, cwd=cwd)
+
+    done = once()
+    output = done.stdout + done.stderr
+    # a rank's Python exception reaches the parent as ProcessRaisedException ("terminated with the following error")
+    if done.returncode == 0 or GLOO_ABORT not in output or "ProcessRaisedException" in output:
+        return done
+    warnings.warn(f"{Path(str(cmd[1])).name}: a rank aborted ({GLOO_ABORT!r}); run once more", stacklevel=2)
+    return once()
+
+
 def _run_command_once(cmd, *, env, workdir, backend, timeout, cwd, echo):
     workdir = Path(workdir)
     workdir.mkdir(parents=True, exist_ok=True)
