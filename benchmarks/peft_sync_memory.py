@@ -225,11 +225,12 @@ def _one_unit_at_a_time(generation):
 
 
 def run(size, backend, ranks):
-    from test_prepare_fsdp import _run_processes
+    from test_prepare_fsdp import run_distributed
 
     with tempfile.TemporaryDirectory() as out_dir:
         try:
-            _run_processes(_bench, (size, backend, out_dir), ranks, 1800)
+            # (started once more if gloo aborts a process, as the patches' tests are)
+            run_distributed(_bench, size, backend, out_dir, world_size=ranks, timeout=1800)
         except Exception as exc:  # a process that crashed: what the others wrote is still reported
             print(f"[{size} {backend}] {type(exc).__name__}: {str(exc).splitlines()[0][:200]}", file=sys.stderr)
         results = []

@@ -15,6 +15,7 @@ Every launch:
 
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -371,18 +372,26 @@ def run_command(cmd, *, env, workdir, backend="-", timeout=DEFAULT_TIMEOUT, cwd=
 
 def run_benchmark(cmd, *, timeout, cwd=REPO_ROOT):
     """``subprocess.run(cmd)`` of a benchmark script that spawns its own gloo ranks (``torch.multiprocessing``),
-    output captured; a run that failed with the gloo abort of :func:`run_command` (a rank killed by SIGABRT, no Python
-    exception from a rank) is run once more, with a warning. Any other failure is returned as it is."""
+    output captured. A run that failed with the gloo abort of :func:`run_command` (a rank killed by SIGABRT after
+    printing it, no Python exception from a rank) is run once more, with a warning that carries the first run's last
+    output lines. Any other failure is returned as it is."""
 
     def once():
         return subprocess.run([str(c) for c in cmd], capture_output=True, text=True, timeout=timeout, cwd=cwd)
 
     done = once()
     output = done.stdout + done.stderr
+    # how torch.multiprocessing's join() reports a rank killed by a signal
+    aborted = GLOO_ABORT in output and re.search(
+        r"ProcessExitedException: process \d+ terminated with signal SIGABRT", output
+    )
     # a rank's Python exception reaches the parent as ProcessRaisedException ("terminated with the following error")
-    if done.returncode == 0 or GLOO_ABORT not in output or "ProcessRaisedException" in output:
+    if done.returncode == 0 or not aborted or "ProcessRaisedException" in output:
         return done
-    warnings.warn(f"{Path(str(cmd[1])).name}: a rank aborted ({GLOO_ABORT!r}); run once more", stacklevel=2)
+    tail = "\n".join(output.splitlines()[-20:])
+    warnings.warn(
+        f"{Path(str(cmd[1])).name}: a rank aborted ({GLOO_ABORT!r}); run once more. It ended:\n{tail}", stacklevel=2
+    )
     return once()
 
 
