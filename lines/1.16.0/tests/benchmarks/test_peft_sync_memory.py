@@ -8,6 +8,7 @@ of a first sync are larger than a unit.
 """
 
 import json
+import subprocess
 import sys
 from pathlib import Path
 
@@ -15,11 +16,6 @@ import pytest
 
 
 REPO = Path(__file__).resolve().parents[4]
-if str(REPO / "tests") not in sys.path:
-    sys.path.insert(0, str(REPO / "tests"))
-from harness.launcher import run_benchmark  # noqa: E402
-
-
 SCRIPT = REPO / "benchmarks" / "peft_sync_memory.py"
 
 
@@ -27,7 +23,7 @@ SCRIPT = REPO / "benchmarks" / "peft_sync_memory.py"
 def rows(tmp_path_factory):
     out = tmp_path_factory.mktemp("peft-sync-bench") / "rows.json"
     cmd = [sys.executable, str(SCRIPT), "--sizes", "tiny", "--json", str(out)]
-    run = run_benchmark(cmd, timeout=600, cwd=REPO)
+    run = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=REPO)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     return {(row["backend"], row["variant"]): row for row in json.loads(out.read_text())}
 
