@@ -13,7 +13,8 @@ here:
   LoRA policy: from the freshly wrapped model, the first sync delivers every weight of the checkpoint under its
   checkpoint name, equal to the model's full weights (base + merged adapter for LoRA); generation goes through the
   server; after every parameter changed through its own shard, a second sync delivers the changed weights; the
-  requests come in the order vLLM expects.
+  requests come in the order vLLM expects. A start once more (after a gloo abort) checks only its own requests and
+  updates.
 """
 
 import json
@@ -126,6 +127,20 @@ def test_sync_and_generation_against_the_standin(standin, backend):
 
 
 @pytest.mark.parametrize("standin", ["0.31.0"], indirect=True)
+def test_a_second_start_checks_only_its_own_requests(standin):
+    """What a start once more after a gloo abort finds: the same stand-in, with the earlier start's requests and
+    updates recorded. The second start checks its own."""
+    base_url, record, fake = standin
+    _run("sync", base_url, record, fake, "ddp")
+    _run("sync", base_url, record, fake, "ddp")
+    assert len(list(record.glob("update-*.pt"))) == 4
+    paths = [entry["path"] for entry in _requests(record) if entry["path"] != "/health"]
+    sync = ["/start_weight_update", "/update_weights", "/finish_weight_update", "/reset_prefix_cache"]
+    setup = ["/v1/models", "/server_info", "/get_world_size", "/init_weight_transfer_engine"]
+    assert paths == setup + sync + ["/v1/completions"] + sync, paths
+
+
+@pytest.mark.parametrize("standin", ["0.31.0"], indirect=True)
 def test_the_standin_refuses_what_the_client_must_not_send(standin):
     """An unknown route is a 404; keys other than the release's, an unpacked transfer, or an update before the engine
     exists are a 400."""
@@ -231,10 +246,15 @@ def check_sync(backend, base_url, record, group_port):
     _force_cuda_device(vllm_client.VLLMClient)
     generation = make_generation(backend)
     generation.server_base_url, generation.group_port, generation.server_timeout = base_url, group_port, 30.0
+    rank = dist.get_rank()
+    if rank == 0:
+        # `run_distributed` starts the run once more when gloo aborts a process (seen at teardown, after a complete
+        # run): what the stand-in recorded before this start belongs to the earlier one
+        earlier_updates = len(list(record.glob("update-*.pt")))
+        (record / "requests.jsonl").unlink(missing_ok=True)
     generation._init_vllm()  # the main process connects; the others wait for its outcome
 
     generation.sync_weights()  # the first sync of the freshly wrapped model
-    rank = dist.get_rank()
     prompts = [[1, 2, 3], [1, 2, 3]] if rank == 0 else [[4, 5], [4, 5]]
     completions = generation.generate(prompts, None, 2)
     assert completions[0] == prompts, completions
@@ -246,7 +266,7 @@ def check_sync(backend, base_url, record, group_port):
     config = generation.model.config
     # A tied output head is sent once, as its embedding
     allowed_missing = {"lm_head.weight"} if config.tie_word_embeddings else set()
-    for update, shift in ((1, 0.0), (2, 0.5)):
+    for update, shift in ((earlier_updates + 1, 0.0), (earlier_updates + 2, 0.5)):
         expected = _expected_weights(backend, shift)
         received = torch.load(record / f"update-{update}.pt")
         assert set(expected) - set(received) == allowed_missing, sorted(set(expected) - set(received))
