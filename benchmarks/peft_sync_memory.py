@@ -41,6 +41,7 @@ import os
 import sys
 import tempfile
 import time
+from pathlib import Path
 
 from _common import MIB, build_qwen2, mmap_large_blocks, peak_extra, status_kib
 
@@ -122,6 +123,10 @@ def _bench(size, backend, out_dir):
     from trl.distributed import DistributedBackend
 
     torch.set_num_threads(1)
+    # A start once more (gloo aborted a process): what the first start wrote must not stand for this one's results.
+    # Every process clears them all before its first collective; each writes its own after its last.
+    for path in Path(out_dir).glob("*.json"):
+        path.unlink(missing_ok=True)
     options = SIZES[size]
     model = build_qwen2(options)
     targets = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]

@@ -103,8 +103,9 @@ def derive_config(backend, dest_dir, *, num_processes=2, port=None):
     return path
 
 
-def launch(script, args=(), *, backend, workdir, num_processes=2, timeout=None, extra_env=None):
-    """``accelerate launch`` of ``script`` on CPU ranks with the accelerate >= 1.10 shims; a ``LaunchResult``.
+def launch(script, args=(), *, backend, workdir, num_processes=2, timeout=None, extra_env=None, fresh=()):
+    """``accelerate launch`` of ``script`` on CPU ranks with the accelerate >= 1.10 shims; a ``LaunchResult``
+    (``fresh``: as for :func:`launcher.run_command`).
 
     Same interpreter as the caller (``sys.executable``) and the caller's ``PYTHONPATH`` (so the workers import the
     ``trl`` the test process finds), the harness start-up hook in front of it.
@@ -131,7 +132,7 @@ def launch(script, args=(), *, backend, workdir, num_processes=2, timeout=None, 
         str(script),
         *args,
     ]
-    return run_command(cmd, env=env, workdir=workdir, backend=backend, timeout=timeout or DEFAULT_TIMEOUT)
+    return run_command(cmd, env=env, workdir=workdir, backend=backend, timeout=timeout or DEFAULT_TIMEOUT, fresh=fresh)
 
 
 if __name__.startswith("_trl_harness_preload_"):  # executed by _site/sitecustomize.py (TRL_HARNESS_PRELOAD)

@@ -346,14 +346,16 @@ def _pump(stream, log, echo):
 GLOO_ABORT = "terminate called without an active exception"
 
 
-def run_command(cmd, *, env, workdir, backend="-", timeout=DEFAULT_TIMEOUT, cwd=None, echo=None):
+def run_command(cmd, *, env, workdir, backend="-", timeout=DEFAULT_TIMEOUT, cwd=None, echo=None, fresh=()):
     """Run ``cmd`` in a new session with a hard timeout; collect output and the workers' tracebacks.
 
     ``echo``: optional ``line -> bool``; matching output lines are also printed live (the demo uses it).
 
     A worker of a gloo job on a loaded CPU was seen, rarely, to abort from C++ ("terminate called without an active
     exception", SIGABRT), once after training had finished: a launch that failed that way, with no Python traceback
-    from a worker and no timeout, is run once more. Any other failure is returned as it is.
+    from a worker and no timeout, is run once more. Any other failure is returned as it is. ``fresh``: the files and
+    folders the command writes its results to, removed before that second run, so that what the first run wrote never
+    stands for the second's.
     """
     result = _run_command_once(cmd, env=env, workdir=workdir, backend=backend, timeout=timeout, cwd=cwd, echo=echo)
     worker_errors = [name for name in result.tracebacks if "rankmain" not in name]
@@ -367,6 +369,11 @@ def run_command(cmd, *, env, workdir, backend="-", timeout=DEFAULT_TIMEOUT, cwd=
     )
     for f in result.error_dir.glob("*.txt"):
         f.unlink()
+    for path in map(Path, fresh):
+        if path.is_dir():
+            shutil.rmtree(path)
+        else:
+            path.unlink(missing_ok=True)
     return _run_command_once(cmd, env=env, workdir=workdir, backend=backend, timeout=timeout, cwd=cwd, echo=echo)
 
 

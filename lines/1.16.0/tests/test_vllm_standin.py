@@ -24,7 +24,6 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -34,6 +33,8 @@ HERE = Path(__file__).resolve().parent
 LINE = HERE.parent
 PATCH_TESTS = LINE / "trl-src" / "tests"
 RELEASES = ["0.25.1", "0.27.1", "0.31.0"]  # before the 0.26 cache-reset answer, before the 0.28 protocol, newest
+START_TIMEOUT = 150  # one start of the 2 ranks of a sync check
+SYNC_TIMEOUT = 2 * START_TIMEOUT + 60  # a start once more (gloo aborted a process) included
 
 
 def _free_port():
@@ -69,7 +70,6 @@ def _run(check, base_url, record, fake, *args, timeout=300):
     env = dict(
         os.environ, PYTHONPATH=os.pathsep.join(p for p in path if p), HF_HUB_OFFLINE="1", ACCELERATE_USE_CPU="true"
     )
-    started = time.monotonic()
     # A session of its own: on a timeout, the ranks it spawned are killed with it
     process = subprocess.Popen(
         [sys.executable, __file__, check, base_url, str(record), *args],
@@ -86,7 +86,7 @@ def _run(check, base_url, record, fake, *args, timeout=300):
         stdout, stderr = process.communicate()
         raise AssertionError(f"{check} took over {timeout} s:\n{stderr[-6000:]}") from None
     assert process.returncode == 0, stdout[-3000:] + stderr[-6000:]
-    return time.monotonic() - started
+    return stderr
 
 
 def _requests(record):
@@ -119,7 +119,7 @@ def test_client_against_the_standin(standin):
 @pytest.mark.parametrize("backend", ["ddp", "fsdp1", "fsdp2", "zero3"])
 def test_sync_and_generation_against_the_standin(standin, backend):
     base_url, record, fake = standin
-    _run("sync", base_url, record, fake, backend)
+    _run("sync", base_url, record, fake, backend, timeout=SYNC_TIMEOUT)
     paths = [entry["path"] for entry in _requests(record) if entry["path"] != "/health"]
     sync = ["/start_weight_update", "/update_weights", "/finish_weight_update", "/reset_prefix_cache"]
     setup = ["/v1/models", "/server_info", "/get_world_size", "/init_weight_transfer_engine"]
@@ -127,12 +127,13 @@ def test_sync_and_generation_against_the_standin(standin, backend):
 
 
 @pytest.mark.parametrize("standin", ["0.31.0"], indirect=True)
-def test_a_second_start_checks_only_its_own_requests(standin):
-    """What a start once more after a gloo abort finds: the same stand-in, with the earlier start's requests and
-    updates recorded. The second start checks its own."""
+def test_a_start_once_more_checks_only_its_own_requests(standin):
+    """After a complete sync check, process 1 aborts as gloo was seen to at teardown, and `run_distributed` starts the
+    check once more against the same stand-in, which holds the first start's requests and updates (emptied, so that a
+    second start reading them fails). The second start checks only its own."""
     base_url, record, fake = standin
-    _run("sync", base_url, record, fake, "ddp")
-    _run("sync", base_url, record, fake, "ddp")
+    stderr = _run("sync-aborted-once", base_url, record, fake, "ddp", timeout=SYNC_TIMEOUT)
+    assert "check_sync_aborted_once: process 1 terminated with signal SIGABRT; starting it once more" in stderr, stderr
     assert len(list(record.glob("update-*.pt"))) == 4
     paths = [entry["path"] for entry in _requests(record) if entry["path"] != "/health"]
     sync = ["/start_weight_update", "/update_weights", "/finish_weight_update", "/reset_prefix_cache"]
@@ -275,6 +276,26 @@ def check_sync(backend, base_url, record, group_port):
             torch.testing.assert_close(tensor, expected[name], rtol=0, atol=1e-5, msg=name)
 
 
+def check_sync_aborted_once(backend, base_url, record, group_port):
+    """`check_sync`; then, at its first start, the first start's updates are emptied and process 1 aborts (SIGABRT,
+    as gloo was seen to at teardown), so that `run_distributed` starts it once more against the same stand-in."""
+    import torch
+    import torch.distributed as dist
+
+    check_sync(backend, base_url, record, group_port)
+    marker = record / "aborted-once"
+    first = not marker.exists()
+    if first and dist.get_rank() == 0:
+        for path in record.glob("update-*.pt"):
+            torch.save({}, path)
+    dist.barrier()
+    if first:
+        if dist.get_rank() == 1:
+            marker.touch()
+            os.abort()
+        os._exit(0)  # process 0: no teardown barrier with a process that is gone
+
+
 def _main():
     check, base_url, record, *args = sys.argv[1:]
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -283,7 +304,8 @@ def _main():
     else:
         from test_prepare_fsdp import run_distributed
 
-        run_distributed(check_sync, args[0], base_url, Path(record), _free_port(), timeout=240)
+        check_fn = check_sync_aborted_once if check == "sync-aborted-once" else check_sync
+        run_distributed(check_fn, args[0], base_url, Path(record), _free_port(), timeout=START_TIMEOUT)
 
 
 if __name__ == "__main__":

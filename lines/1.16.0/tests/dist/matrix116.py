@@ -122,6 +122,7 @@ class Matrix116:
                 workdir=workdir,
                 timeout=self.timeout,
                 extra_env={"TRL_MATRIX_BACKEND": backend},
+                fresh=[out],  # a launch once more: no trainer passes on what the first launch wrote
             )
             done = BackendLaunch(backend, result, time.monotonic() - start)
             for trainer in self.trainers:
