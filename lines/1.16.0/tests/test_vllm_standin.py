@@ -115,15 +115,20 @@ def test_client_against_the_standin(standin):
     ], paths
 
 
+def _assert_requests_of_one_sync_check(record):
+    """The requests of one `check_sync`, in the order vLLM expects: connect, a sync, a generation, a sync."""
+    paths = [entry["path"] for entry in _requests(record) if entry["path"] != "/health"]
+    sync = ["/start_weight_update", "/update_weights", "/finish_weight_update", "/reset_prefix_cache"]
+    setup = ["/v1/models", "/server_info", "/get_world_size", "/init_weight_transfer_engine"]
+    assert paths == setup + sync + ["/v1/completions"] + sync, paths
+
+
 @pytest.mark.parametrize("standin", ["0.31.0"], indirect=True)
 @pytest.mark.parametrize("backend", ["ddp", "fsdp1", "fsdp2", "zero3"])
 def test_sync_and_generation_against_the_standin(standin, backend):
     base_url, record, fake = standin
     _run("sync", base_url, record, fake, backend, timeout=SYNC_TIMEOUT)
-    paths = [entry["path"] for entry in _requests(record) if entry["path"] != "/health"]
-    sync = ["/start_weight_update", "/update_weights", "/finish_weight_update", "/reset_prefix_cache"]
-    setup = ["/v1/models", "/server_info", "/get_world_size", "/init_weight_transfer_engine"]
-    assert paths == setup + sync + ["/v1/completions"] + sync, paths
+    _assert_requests_of_one_sync_check(record)
 
 
 @pytest.mark.parametrize("standin", ["0.31.0"], indirect=True)
@@ -135,10 +140,7 @@ def test_a_start_once_more_checks_only_its_own_requests(standin):
     stderr = _run("sync-aborted-once", base_url, record, fake, "ddp", timeout=SYNC_TIMEOUT)
     assert "check_sync_aborted_once: process 1 terminated with signal SIGABRT; starting it once more" in stderr, stderr
     assert len(list(record.glob("update-*.pt"))) == 4
-    paths = [entry["path"] for entry in _requests(record) if entry["path"] != "/health"]
-    sync = ["/start_weight_update", "/update_weights", "/finish_weight_update", "/reset_prefix_cache"]
-    setup = ["/v1/models", "/server_info", "/get_world_size", "/init_weight_transfer_engine"]
-    assert paths == setup + sync + ["/v1/completions"] + sync, paths
+    _assert_requests_of_one_sync_check(record)
 
 
 @pytest.mark.parametrize("standin", ["0.31.0"], indirect=True)
