@@ -10,7 +10,9 @@ turns each trainer's JSON into a :class:`harness.matrix.CellRun` and runs the ch
 - ``wrapping`` of the LoRA cells (``grpo_lora``, ``online_dpo_lora``) also checks that the trained model is a
   ``PeftModel`` whose trainable parameters are the adapter only;
 - ``trains`` of ``online_dpo_lora`` also checks what reached the stand-in vLLM server and the base weights after
-  training (``check_vllm_sync``).
+  training (``check_vllm_sync``);
+- ``saves`` (#40): ``trainer.save_model(dir)`` after training, as the ``trl`` scripts end, leaves in ``dir`` what
+  ``from_pretrained`` loads (LoRA: the adapter files), equal to the trained policy (``check_saves``).
 """
 
 import json
@@ -30,7 +32,7 @@ TRAINERS = ("grpo", "rloo", "online_dpo", "gkd", "dpo", "kto", "grpo_lora", "onl
 LORA_TRAINERS = ("grpo_lora", "online_dpo_lora")
 SYNC_ATOL = 1e-5  # the merge in float32: base + scale * B @ A, computed in another order than PEFT's
 BACKEND_NAMES = ("ddp", "fsdp1", "fsdp2", "zero2", "zero3")
-CHECKS = ("trains", "wrapping", "placement", "frozen")
+CHECKS = ("trains", "wrapping", "placement", "frozen", "saves")
 STEPS = 2
 LAUNCH_TIMEOUT = 300  # seconds per launch (a whole backend); the launch takes 20-40 s on 2 idle cores
 LORA_MAX_TRAINABLE = 0.10  # the adapter's share of the policy's parameters (r=4 on q/v, and down: a few %)
@@ -242,11 +244,48 @@ def check_frozen(run):
     BASE_CHECKS["frozen"](run)
 
 
+def check_saves(run):
+    """``trainer.save_model(dir)`` after training, on every rank, as the ``trl`` scripts end: ``dir`` holds what
+    ``from_pretrained`` loads (with LoRA: PEFT's adapter files), every parameter at its shape and equal to the trained
+    policy gathered in the worker apart from ``save_model``."""
+    import torch
+    from safetensors.torch import load_file
+
+    _trainer_failed(run)
+    run.launch.check()
+    problems = [f"rank {r['rank']}: save_model raised: {r['save_error']}" for r in run.ranks if r.get("save_error")]
+    problems += [f"rank {r['rank']}: not saved: {r['save_skipped']}" for r in run.ranks if r.get("save_skipped")]
+    if problems:
+        raise CellFailure(problems)
+    folder = Path(run.ranks[0]["saved_to"])
+    expected = load_file(str(folder.parent / "expected.safetensors"))
+    files = sorted(p.name for p in folder.iterdir()) if folder.is_dir() else []
+    if run.trainer in LORA_TRAINERS:
+        if "adapter_model.safetensors" not in files or "adapter_config.json" not in files:
+            raise CellFailure([f"{folder} holds no adapter weights: {files}"])
+        saved = load_file(str(folder / "adapter_model.safetensors"))
+    else:
+        if not any(name.endswith(".safetensors") or name.endswith(".bin") for name in files):
+            raise CellFailure([f"{folder} holds no model weights: {files}"])
+        from transformers import AutoModelForCausalLM
+
+        saved = dict(AutoModelForCausalLM.from_pretrained(folder).named_parameters())
+    if sorted(saved) != sorted(expected):
+        missing, extra = sorted(set(expected) - set(saved)), sorted(set(saved) - set(expected))
+        problems.append(f"{folder}: missing {missing[:4]}, unexpected {extra[:4]} ({len(saved)} tensors)")
+    for name in sorted(set(saved) & set(expected)):
+        if saved[name].shape != expected[name].shape or not torch.equal(saved[name].detach(), expected[name]):
+            problems.append(f"{folder}: {name} is not the trained weight ({tuple(saved[name].shape)})")
+    if problems:
+        raise CellFailure(problems[:6])
+
+
 CHECK_FUNCTIONS = {
     "trains": check_trains,
     "wrapping": check_wrapping,
     "placement": check_placement,
     "frozen": check_frozen,
+    "saves": check_saves,
 }
 
 

@@ -182,6 +182,60 @@ def _base_weights_after_training(trainer, checkpoint):
     return {"compared": len(seen), "changed": sorted(changed), "missing": sorted(set(checkpoint) - seen)}
 
 
+def _trained_policy(trainer):
+    """Every rank: the trained policy's parameters, gathered whole (collective under ZeRO-3 and FSDP), under the names
+    ``save_model`` writes them: the model's own names, or with LoRA the adapter's (``lora_A.weight``, no adapter name,
+    as PEFT saves them). Read independently of ``save_model``: what the saved folder must hold."""
+    import torch
+
+    backend = os.environ.get("TRL_MATRIX_BACKEND")
+    owner, gathered = trainer.model, contextlib.nullcontext()
+    if backend == "zero3":
+        import deepspeed
+
+        gathered = deepspeed.zero.GatheredParameters(list(owner.parameters()))
+    elif backend == "fsdp1":
+        from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+
+        owner = trainer.model_wrapped  # the root unit holds the embeddings and the head
+        gathered = FSDP.summon_full_params(owner, writeback=False)
+    is_peft = hasattr(trainer.model, "peft_config")
+    out = {}
+    with gathered, torch.no_grad():
+        for name, param in owner.named_parameters():
+            name = name.replace("_fsdp_wrapped_module.", "")
+            if is_peft:
+                if "lora_" not in name:
+                    continue
+                name = name.replace(".default.", ".")
+            tensor = param.full_tensor() if hasattr(param, "full_tensor") else param
+            out[name] = tensor.detach().cpu().clone().contiguous()
+    return out
+
+
+def _save_model(trainer, trainer_dir, rec):
+    """``trainer.save_model(<trainer_dir>/final)`` on every rank, as the ``trl`` scripts end, next to the trained
+    policy gathered independently (``<trainer_dir>/expected.safetensors``, main process): ``check_saves`` compares
+    them. A failure of the save is recorded apart (the training's own outcome stays the cell's)."""
+    from safetensors.torch import save_file
+
+    if os.environ.get("TRL_MATRIX_BACKEND") == "fsdp1":
+        # The full state dict of FSDP1 (FullStateDictConfig(offload_to_cpu=True), what FULL_STATE_DICT and the fork's
+        # save both use) kills the process with a segfault inside torch when the model is on the CPU: not here
+        rec.data["save_skipped"] = "FSDP1's full state dict with offload_to_cpu segfaults on CPU ranks (torch)"
+        return
+    expected = _trained_policy(trainer)
+    final = Path(trainer_dir) / "final"
+    try:
+        trainer.save_model(str(final))
+    except Exception as exc:
+        rec.data["save_error"] = _first_error_line(exc)
+        return
+    if rec.rank == 0:
+        save_file(expected, str(Path(trainer_dir) / "expected.safetensors"))
+    rec.data["saved_to"] = str(final)
+
+
 def _trl_info():
     import trl
 
@@ -538,6 +592,7 @@ def run_one(kind, manifest, out_dir, steps):
                         rec.data["vllm_error"] = _first_error_line(exc)
             if kind == "online_dpo_lora":
                 rec.data["base_after"] = _base_weights_after_training(rec.trainer, rec.checkpoint)
+            _save_model(rec.trainer, Path(out_dir) / kind, rec)
         rec.data["global_step"] = rec.trainer.state.global_step
         rec.data["log_history"] = _jsonable_logs(rec.trainer.state.log_history)
         rec.data["stage"] = "trained"

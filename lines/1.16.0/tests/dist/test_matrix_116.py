@@ -1,10 +1,11 @@
 """The 1.16.0 line's trainer x backend matrix on CPU: one 2-rank launch per backend trains every trainer.
 
-Each (trainer, backend) cell has four checks (``trains``, ``wrapping``, ``placement``, ``frozen``; ``matrix116.py``),
+Each (trainer, backend) cell has five checks (``trains``, ``wrapping``, ``placement``, ``frozen``, ``saves``;
+``matrix116.py``),
 read from that backend's launch (cached for the session).  Checks that fail on pristine TRL 1.16.0 are strict
 expected failures keyed by the fixing issue (``expectations116.py``).
 
-    pytest lines/1.16.0/tests/dist/test_matrix_116.py                       # 5 launches, 160 checks
+    pytest lines/1.16.0/tests/dist/test_matrix_116.py                       # 5 launches, 200 checks
     pytest lines/1.16.0/tests/dist/test_matrix_116.py -k "fsdp1"            # one launch
 """
 

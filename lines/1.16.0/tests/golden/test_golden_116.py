@@ -1,7 +1,8 @@
 """Golden equivalence on the 1.16.0 line: with no fork option set, the fork trains exactly as TRL 1.16.0 does.
 
 Each case (trainer x mode) runs on pristine TRL 1.16.0 and on the fork with the same seeds and fixtures; rank 0's
-logged values at every step and the sha256 of every trained tensor must be equal, bit for bit. The comparison is the
+logged values at every step, the sha256 of every trained tensor and of every weight file the final ``save_model``
+writes must be equal, bit for bit. The comparison is the
 0.16.1 line's (``tests/golden/test_golden.py``); there is no deliberate difference on this line yet.
 
     make golden LINE=1.16.0
@@ -31,7 +32,8 @@ def test_golden_116(trainer, mode, golden_runner):
     weights = shared.weight_differences(base, fork)
     if not logs and not weights:
         assert base.result["weights"]["sha256"] == fork.result["weights"]["sha256"]
-        VERDICTS[(trainer, mode)] = "identical (losses, metrics, weights)"
+        shared.check_same_saved_files(base, fork)
+        VERDICTS[(trainer, mode)] = "identical (losses, metrics, weights, saved files)"
         return
     lines = [f"{trainer} under {mode}: the fork differs from TRL 1.16.0 on a default path"]
     lines += [f"  step {s}, {k}: base {b!r}, fork {f!r}" for s, k, b, f in logs[:12]]
