@@ -159,6 +159,18 @@ def weight_checksums(model):
     return {"sha256": total.hexdigest(), "tensors": per_tensor}, tensors
 
 
+def saved_files(folder):
+    """{file: {"sha256": ..., "tensors": {name: "dtype shape"}}} of every ``*.safetensors`` in ``folder``."""
+    from safetensors import safe_open
+
+    files = {}
+    for path in sorted(Path(folder).glob("*.safetensors")):
+        with safe_open(str(path), framework="pt") as f:
+            tensors = {name: f"{f.get_slice(name).get_dtype()} {f.get_slice(name).get_shape()}" for name in f.keys()}
+        files[path.name] = {"sha256": hashlib.sha256(path.read_bytes()).hexdigest(), "tensors": tensors}
+    return files
+
+
 def _jsonable(log_history):
     return [
         {k: v if not isinstance(v, float) or math.isfinite(v) else repr(v) for k, v in e.items()} for e in log_history
@@ -202,6 +214,15 @@ def main(argv=None, *, build=build_trainer, trainers=TRAINERS):
         result["weights"], tensors = weight_checksums(trainer.accelerator.unwrap_model(trainer.model))
         if rank == 0:
             torch.save(tensors, out / "weights.pt")
+        # The final save as the scripts do it (every rank), apart from training (0.16.1's PPO cannot save under DDP):
+        # each weight file it writes, its sha256 and its tensors' names, dtypes and shapes (#40: the same files)
+        try:
+            trainer.save_model(str(out / "saved"))
+        except Exception as exc:
+            result["save_error"] = f"{type(exc).__name__}: {exc}"
+        else:
+            if rank == 0:
+                result["saved"] = saved_files(out / "saved")
     except BaseException:
         result["error"] = traceback.format_exc()
         raise

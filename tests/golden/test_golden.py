@@ -157,6 +157,7 @@ def test_golden(trainer, mode, golden_runner):
         assert not base.launch.ok, f"stale expectation: 0.16.1 now trains {trainer} under {mode} ({expected.why})"
         assert re.search(expected.match, _error_text(base)), f"base failed otherwise:\n{_error_text(base)}"
         _check_trained(fork)
+        assert fork.result.get("saved"), f"the fork's final save wrote no weight file: {fork.result.get('save_error')}"
         VERDICTS[(trainer, mode)] = f"deliberate: base fails, fork trains (patch {expected.patch})"
         return
 
@@ -169,6 +170,7 @@ def test_golden(trainer, mode, golden_runner):
         too_far = [d for d in logs if not _within(d[2], d[3], tolerance)]
         too_far_w = [w for w in weights if not w[1] <= tolerance.weight_atol]
         if not too_far and not too_far_w:
+            check_same_saved_files(base, fork, same_bytes=False)
             worst_log = max((abs(b - f) for _, _, b, f in logs), default=0.0)
             worst_w = max((w[1] for w in weights), default=0.0)
             VERDICTS[(trainer, mode)] = (
@@ -179,7 +181,8 @@ def test_golden(trainer, mode, golden_runner):
         logs, weights = too_far, too_far_w
     if not logs and not weights:
         assert base.result["weights"]["sha256"] == fork.result["weights"]["sha256"]
-        VERDICTS[(trainer, mode)] = "identical (losses, metrics, weights)"
+        check_same_saved_files(base, fork)
+        VERDICTS[(trainer, mode)] = "identical (losses, metrics, weights, saved files)"
         return
     beyond = f" beyond its tolerance ({tolerance.why})" if tolerance else ""
     lines = [f"{trainer} under {mode}: the fork differs from TRL 0.16.1 on a default path{beyond}"]
@@ -194,6 +197,21 @@ def test_golden(trainer, mode, golden_runner):
     where = f"step {logs[0][0]} {logs[0][1]}" if logs else f"weights {weights[0][0]}"
     VERDICTS[(trainer, mode)] = f"DIFFERS (first: {where})"
     raise AssertionError("\n".join(lines))
+
+
+def check_same_saved_files(base, fork, same_bytes=True):
+    """The final ``save_model`` wrote the same weight files: the same tensors (names, dtypes, shapes) and, where the
+    trained weights are identical (``same_bytes``), the same bytes. A base that cannot save (0.16.1's PPO under DDP)
+    is not compared; the fork must save."""
+    assert fork.result.get("saved"), f"the fork's final save wrote no weight file: {fork.result.get('save_error')}"
+    if base.result.get("save_error") and not base.result.get("saved"):
+        return
+    b, f = base.result.get("saved") or {}, fork.result["saved"]
+    assert sorted(b) == sorted(f), f"saved weight files differ: base {sorted(b)}, fork {sorted(f)}"
+    for name in b:
+        assert b[name]["tensors"] == f[name]["tensors"], f"{name}: tensors differ (names, dtypes or shapes)"
+        if same_bytes:
+            assert b[name]["sha256"] == f[name]["sha256"], f"{name}: bytes differ"
 
 
 def _within(b, f, tolerance):

@@ -3,10 +3,11 @@
 Each case runs a recipe as a user would (``bash examples/recipes/<recipe>.sh``) with 2 CPU ranks, the tiny fixtures
 (``MODEL``, ``REWARD_MODEL``, ``DATASET`` ...), the accelerate config derived for the CPU (``ACCELERATE_CONFIG``) and
 arguments appended for a one-step run (they override the recipe's, the last value wins: ``--bf16 false``, small
-lengths, ``--max_steps 1``). It checks that training finished (the model is saved in ``OUTPUT_DIR``; under FSDP2, where ``save_model``
-writes nothing with accelerate 1.6, the final metrics are logged) and that the main process logged the line the recipe
-tells the user to look for (where each frozen model lives). The vLLM recipe cannot run here (no vLLM): its two
-commands are printed (``RECIPE_DRY_RUN=1``) and parsed by the parsers of ``trl vllm-serve`` and ``trl grpo``.
+lengths, ``--max_steps 1``). It checks that training finished, that ``OUTPUT_DIR`` holds the trained model
+(``from_pretrained`` loads every parameter of the checkpoint at its shape, trained; under FSDP2 too, since patches
+0038-0040) and that the main process logged the line the recipe tells the user to look for (where each frozen model
+lives). The vLLM recipe cannot run here (no vLLM): its two commands are printed (``RECIPE_DRY_RUN=1``) and parsed by
+the parsers of ``trl vllm-serve`` and ``trl grpo``.
 """
 
 import json
@@ -122,11 +123,8 @@ def run_recipe(fixtures, work, recipe, backend, extra_env, args, expected, *, de
     wall = result.duration  # the launch that counts, not an aborted one before it
     result.check()
     output = result.output or Path(result.log_path).read_text(errors="replace")
-    saved = sorted(p.name for p in (work / "output").glob("*.safetensors"))
-    if backend == "fsdp2":  # accelerate 1.6 saves FSDP2 models as sharded checkpoints only: save_model writes nothing
-        assert "'train_loss'" in output or "'objective/kl'" in output, output[-3000:]
-    else:
-        assert saved, f"the recipe saved no model in OUTPUT_DIR:\n{output[-3000:]}"
+    # GKD's teacher is the policy's checkpoint here (TEACHER): the distillation loss is 0, a step changes nothing
+    check_saved_model(work / "output", fixtures["policy"], output, trained=extra_env.get("TRAINER") != "gkd")
     logged = [line for line in output.splitlines() if line.startswith("[INFO|trl.models.utils]")]
     for pattern in expected:
         matches = [line for line in logged if re.search(pattern, line)]
@@ -134,6 +132,28 @@ def run_recipe(fixtures, work, recipe, backend, extra_env, args, expected, *, de
     records = [json.loads(p.read_text()) for p in sorted((work / "measure").glob("rank*.json"))]
     assert sorted(r["rank"] for r in records) == list(range(num_processes)), "a rank wrote no measurement"
     return summarize(records, wall)
+
+
+def check_saved_model(output_dir, checkpoint, output="", trained=True):
+    """``OUTPUT_DIR`` holds what ``from_pretrained`` loads: every parameter of the checkpoint the recipe trained, at
+    its shape, none missing, not all of them still the initial ones (``trained``) (#40: under FSDP2 the final ``save_model`` wrote
+    nothing before the fork's patches 0038-0040)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    files = sorted(p.name for p in Path(output_dir).iterdir()) if Path(output_dir).is_dir() else []
+    assert any(name.endswith(".safetensors") for name in files), (
+        f"the recipe saved no model in OUTPUT_DIR ({files}):\n{output[-3000:]}"
+    )
+    saved, info = AutoModelForCausalLM.from_pretrained(output_dir, output_loading_info=True)
+    assert not info["missing_keys"] and not info["mismatched_keys"], info
+    initial = dict(AutoModelForCausalLM.from_pretrained(checkpoint).named_parameters())
+    shapes = {name: tuple(p.shape) for name, p in saved.named_parameters()}
+    expected = {name: tuple(p.shape) for name, p in initial.items()}
+    assert shapes == expected, sorted(set(shapes.items()) ^ set(expected.items()))[:6]
+    if trained:
+        weights = dict(saved.named_parameters())
+        assert any(not torch.equal(weights[n], initial[n]) for n in initial), "OUTPUT_DIR holds the initial model"
 
 
 def summarize(records, wall):
