@@ -104,3 +104,21 @@ def deepspeed_on_cpu():
     import cpu_shims
 
     cpu_shims.deepspeed_on_cpu()
+
+
+def use_fsdp_on_cpu(plugin):
+    """Makes every ``Accelerator`` of this process FSDP with ``plugin`` on the CPU: Accelerate selects FSDP only with an
+    accelerator (MULTI_CPU or NO otherwise), so the state is set explicitly, as the patches' tests do."""
+    import torch
+    from accelerate.state import AcceleratorState, PartialState
+    from accelerate.utils import DistributedType
+
+    init = AcceleratorState.__init__
+
+    def __init__(self, *args, **kwargs):
+        init(self, *args, **kwargs)
+        self.fsdp_plugin = plugin
+        self.distributed_type = PartialState._shared_state["distributed_type"] = DistributedType.FSDP
+        self.device = PartialState._shared_state["device"] = torch.device("cpu")
+
+    AcceleratorState.__init__ = __init__

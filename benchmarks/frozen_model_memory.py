@@ -57,7 +57,7 @@ import os
 import sys
 import tempfile
 
-from _common import add_model_args, build_qwen2, deepspeed_on_cpu, free_port, set_rank_env
+from _common import add_model_args, build_qwen2, deepspeed_on_cpu, free_port, set_rank_env, use_fsdp_on_cpu
 
 
 VARIANTS = {
@@ -294,10 +294,8 @@ def _worker(rank, world_size, port, options, variant, backend, result_dir):
 
 
 def _fsdp_accelerator(fsdp_version):
-    import torch
     from accelerate import Accelerator
-    from accelerate.state import AcceleratorState, PartialState
-    from accelerate.utils import DistributedType, FullyShardedDataParallelPlugin
+    from accelerate.utils import FullyShardedDataParallelPlugin
 
     plugin = FullyShardedDataParallelPlugin(
         fsdp_version=fsdp_version,
@@ -307,16 +305,7 @@ def _fsdp_accelerator(fsdp_version):
         sync_module_states=False,
         cpu_ram_efficient_loading=False,
     )
-    # Accelerate selects MULTI_CPU without an accelerator: configure the state as FSDP on the CPU explicitly.
-    init = AcceleratorState.__init__
-
-    def __init__(self, *args, **kwargs):
-        init(self, *args, **kwargs)
-        self.fsdp_plugin = plugin
-        self.distributed_type = PartialState._shared_state["distributed_type"] = DistributedType.FSDP
-        self.device = PartialState._shared_state["device"] = torch.device("cpu")
-
-    AcceleratorState.__init__ = __init__
+    use_fsdp_on_cpu(plugin)  # Accelerate selects MULTI_CPU without an accelerator
     return Accelerator(cpu=True)
 
 

@@ -27,14 +27,21 @@ import tempfile
 import time
 from pathlib import Path
 
-from _common import MIB, add_model_args, build_qwen2, free_port, mmap_large_blocks, peak_extra, set_rank_env
+from _common import (
+    MIB,
+    add_model_args,
+    build_qwen2,
+    free_port,
+    mmap_large_blocks,
+    peak_extra,
+    set_rank_env,
+    use_fsdp_on_cpu,
+)
 
 
 def _use_fsdp2_on_cpu(state_dict_type):
     """The accelerator state of this process: FSDP2, each decoder layer a unit, on CPU (as the patches' tests)."""
-    import torch
-    from accelerate.state import AcceleratorState, PartialState
-    from accelerate.utils import DistributedType, FullyShardedDataParallelPlugin
+    from accelerate.utils import FullyShardedDataParallelPlugin
 
     plugin = FullyShardedDataParallelPlugin(
         fsdp_version=2,
@@ -43,15 +50,7 @@ def _use_fsdp2_on_cpu(state_dict_type):
         state_dict_type=state_dict_type,
         cpu_ram_efficient_loading=False,
     )
-    init = AcceleratorState.__init__
-
-    def __init__(self, *args, **kwargs):
-        init(self, *args, **kwargs)
-        self.fsdp_plugin = plugin
-        self.distributed_type = PartialState._shared_state["distributed_type"] = DistributedType.FSDP
-        self.device = PartialState._shared_state["device"] = torch.device("cpu")
-
-    AcceleratorState.__init__ = __init__
+    use_fsdp_on_cpu(plugin)
 
 
 def _tokenizer(vocab):

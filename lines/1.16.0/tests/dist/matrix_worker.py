@@ -152,22 +152,28 @@ def torch_equal(a, b):
     return a.shape == b.shape and torch.equal(a, b)
 
 
+def _gathered_policy(trainer):
+    """(the module whose parameters are the policy's, a context in which they are whole on every rank): ZeRO-3 gathers
+    them, FSDP1 summons them through the root unit (it holds the embeddings and the head), FSDP2 parameters are
+    DTensors (``full_tensor()``). Collective under ZeRO-3 and FSDP1."""
+    backend = os.environ.get("TRL_MATRIX_BACKEND")
+    if backend == "zero3":
+        import deepspeed
+
+        return trainer.model, deepspeed.zero.GatheredParameters(list(trainer.model.parameters()))
+    if backend == "fsdp1":
+        from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+
+        return trainer.model_wrapped, FSDP.summon_full_params(trainer.model_wrapped, writeback=False)
+    return trainer.model, contextlib.nullcontext()
+
+
 def _base_weights_after_training(trainer, checkpoint):
     """Every rank: the policy's base weights, gathered whole, against the checkpoint (frozen under LoRA, and the syncs
     merge into copies: bit-identical). Collective under ZeRO-3 and FSDP."""
     import torch
 
-    backend = os.environ.get("TRL_MATRIX_BACKEND")
-    owner, gathered = trainer.model, contextlib.nullcontext()
-    if backend == "zero3":
-        import deepspeed
-
-        gathered = deepspeed.zero.GatheredParameters(list(owner.parameters()))
-    elif backend == "fsdp1":
-        from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
-
-        owner = trainer.model_wrapped  # the root unit holds the embeddings and the head
-        gathered = FSDP.summon_full_params(owner, writeback=False)
+    owner, gathered = _gathered_policy(trainer)
     seen, changed = set(), []
     with gathered, torch.no_grad():
         for name, param in owner.named_parameters():
@@ -188,17 +194,7 @@ def _trained_policy(trainer):
     as PEFT saves them). Read independently of ``save_model``: what the saved folder must hold."""
     import torch
 
-    backend = os.environ.get("TRL_MATRIX_BACKEND")
-    owner, gathered = trainer.model, contextlib.nullcontext()
-    if backend == "zero3":
-        import deepspeed
-
-        gathered = deepspeed.zero.GatheredParameters(list(owner.parameters()))
-    elif backend == "fsdp1":
-        from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
-
-        owner = trainer.model_wrapped  # the root unit holds the embeddings and the head
-        gathered = FSDP.summon_full_params(owner, writeback=False)
+    owner, gathered = _gathered_policy(trainer)
     is_peft = hasattr(trainer.model, "peft_config")
     out = {}
     with gathered, torch.no_grad():
