@@ -63,21 +63,23 @@ def parse_args(argv=None):
     return parser.parse_args(argv)
 
 
-def _tests_dir():
+def _tree_root():
+    """The root of the tree ``trl`` is imported from: its ``tests`` package holds the patches' test helpers."""
     import trl
 
-    tests = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(trl.__file__))), "tests")
-    if not os.path.exists(os.path.join(tests, "test_vllm_peft_sync_per_unit.py")):
-        sys.exit(f"{tests}: not the 1.16.0 line's tree with patch 0016's tests (run with lines/1.16.0/.venv)")
-    return tests
+    root = os.path.dirname(os.path.dirname(os.path.abspath(trl.__file__)))
+    if not os.path.exists(os.path.join(root, "tests", "test_vllm_peft_sync_per_unit.py")):
+        sys.exit(f"{root}/tests: not the 1.16.0 line's tree with patch 0016's tests (run with lines/1.16.0/.venv)")
+    return root
 
 
 def _wrap(backend, model):
     """The policy wrapped as a trainer wraps it; returns (the module VLLMGeneration holds, the accelerator)."""
     import torch
     from accelerate import Accelerator
-    from test_generation_gather_budget import ZERO3, make_accelerator
-    from test_prepare_fsdp import make_fsdp_plugin, use_fsdp_on_cpu
+
+    from tests.test_generation_gather_budget import ZERO3, make_accelerator
+    from tests.test_prepare_fsdp import make_fsdp_plugin, use_fsdp_on_cpu
 
     if backend == "zero3":
         import deepspeed
@@ -118,7 +120,7 @@ def _bench(size, backend, out_dir):
     import torch.distributed as dist
     from peft import LoraConfig, get_peft_model
 
-    sys.path.insert(0, _tests_dir())
+    sys.path.insert(0, _tree_root())
     import trl.generation.vllm_generation as vllm_generation
     from trl.distributed import DistributedBackend
 
@@ -230,7 +232,7 @@ def _one_unit_at_a_time(generation):
 
 
 def run(size, backend, ranks):
-    from test_prepare_fsdp import run_distributed
+    from tests.test_prepare_fsdp import run_distributed
 
     with tempfile.TemporaryDirectory() as out_dir:
         try:
@@ -261,7 +263,7 @@ def check_same(results):
 def main(argv=None):
     options = parse_args(argv)
     mmap_large_blocks()
-    sys.path.insert(0, _tests_dir())
+    sys.path.insert(0, _tree_root())
     rows, imports = [], []
     print(
         "| size | backend | params | largest unit | variant | peak extra / rank (max) | <= one unit + 10 % | time | output |"

@@ -31,6 +31,7 @@ import datetime
 import json
 import os
 import platform
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -186,6 +187,18 @@ def measure(tree: Path, args: list[str], log: Path, expect_failures: bool = Fals
     return outcome
 
 
+def _outside_the_tree(tree: Path, stem: str, tests: dict) -> list[str]:
+    """The patch's test files (``tests``: paths in ``tree``) as they run on the series before the patch: from a copy
+    of ``tree``'s ``tests/`` outside any tree. Where ``tests/`` is a package (``tests/__init__.py``, the 1.16.0 line
+    from patch 0005), pytest puts the directory above it first on ``sys.path``: run in place, the tests would import
+    the patched ``trl`` of ``tree`` instead of the tree under test (``PYTHONPATH``). Without a package the copy runs
+    exactly as the files in place do."""
+    scratch = forkbuild.ROOT / "build" / "prove-tests" / LINE.name / stem
+    shutil.rmtree(scratch, ignore_errors=True)
+    shutil.copytree(tree / "tests", scratch / "tests")
+    return [str(scratch / path) for path in tests]
+
+
 def table(matrix: bool, extra: list[str], against_base: bool = False, skip_if_proven: bool = False) -> int:
     series = forkbuild.read_series(LINE.patches)
     already_proven = set()
@@ -229,8 +242,9 @@ def table(matrix: bool, extra: list[str], against_base: bool = False, skip_if_pr
             selection += ["-k", " or ".join(name for names in tests.values() for name in names)]
         stem = name.removesuffix(".patch")
         # One failure is the proof: the run before the patch stops at the first one (`--maxfail=1`)
+        before_selection = [*_outside_the_tree(after_tree, stem, tests), *selection[len(tests) :]]
         before = measure(
-            before_tree, [*selection, "--maxfail=1"], logs_dir() / f"{stem}.before.log", expect_failures=True
+            before_tree, [*before_selection, "--maxfail=1"], logs_dir() / f"{stem}.before.log", expect_failures=True
         )
         after = measure(after_tree, selection, logs_dir() / f"{stem}.patched.log")
         before_fails = before.counts.get("failed", 0) + before.counts.get("error", 0) > 0

@@ -449,6 +449,20 @@ def test_wheel_rebuilt_from_a_stale_build_tree(tmp_path, sdist):
     assert f"reusing {tree}" in again.stderr + again.stdout and "rebuilding" not in again.stderr + again.stdout
 
 
+def test_no_patch_test_imports_a_sibling_test_module_as_a_top_level_module():
+    """`from test_prepare_fsdp import ...` works where pytest puts tests/ on sys.path (a tree without
+    tests/__init__.py) and fails in upstream's tests package: a patch's tests import a sibling relatively."""
+    offenders = []
+    for path in ALL_PATCHES:
+        current = None
+        for line in path.read_text().splitlines():
+            if line.startswith("diff --git "):
+                current = line.split()[2]
+            elif current and current.startswith("a/tests/") and re.match(r"\+\s*(from|import) test_\w+", line):
+                offenders.append(f"{path.name}: {current[2:]}: {line[1:].strip()}")
+    assert not offenders, "\n".join(offenders)
+
+
 def test_every_patch_is_one_reviewable_pr():
     """At most about 400 added lines outside tests/ and 8 files per patch (CONTRIBUTING.md, "Patches are PRs")."""
     for path in ALL_PATCHES:

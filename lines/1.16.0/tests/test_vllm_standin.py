@@ -31,7 +31,7 @@ import pytest
 
 HERE = Path(__file__).resolve().parent
 LINE = HERE.parent
-PATCH_TESTS = LINE / "trl-src" / "tests"
+TREE = LINE / "trl-src"  # its `tests` package holds the patches' test helpers
 RELEASES = ["0.25.1", "0.27.1", "0.31.0"]  # before the 0.26 cache-reset answer, before the 0.28 protocol, newest
 START_TIMEOUT = 150  # one start of the 2 ranks of a sync check
 SYNC_TIMEOUT = 2 * START_TIMEOUT + 60  # a start once more (gloo aborted a process) included
@@ -66,7 +66,7 @@ def standin(tmp_path, request):
 
 
 def _run(check, base_url, record, fake, *args, timeout=300):
-    path = [str(fake), str(PATCH_TESTS), str(HERE), *os.environ.get("PYTHONPATH", "").split(os.pathsep)]
+    path = [str(fake), str(TREE), str(HERE), *os.environ.get("PYTHONPATH", "").split(os.pathsep)]
     env = dict(
         os.environ, PYTHONPATH=os.pathsep.join(p for p in path if p), HF_HUB_OFFLINE="1", ACCELERATE_USE_CPU="true"
     )
@@ -177,8 +177,8 @@ def _force_cuda_device(client_class):
 
 def check_client(base_url, record):
     import torch
-    from test_prepare_fsdp import make_model
 
+    from tests.test_prepare_fsdp import make_model
     from trl.generation import vllm_client
 
     assert vllm_client.is_vllm_available()
@@ -210,8 +210,9 @@ def _expected_weights(backend, shift=0.0):
     """The model's full weights as a checkpoint names them (LoRA merged), each parameter shifted by `shift`: what vLLM
     must receive."""
     import torch
-    from test_prepare_fsdp import make_model
-    from test_vllm_peft_sync_per_unit import make_peft_model
+
+    from tests.test_prepare_fsdp import make_model
+    from tests.test_vllm_peft_sync_per_unit import make_peft_model
 
     model = make_peft_model() if backend == "zero3" else make_model()
     with torch.no_grad():
@@ -235,21 +236,24 @@ def _shift_local_parameters(model, shift):
                 param.add_(shift)
 
 
-def check_sync(backend, base_url, record, group_port):
+def check_sync(backend, base_url, record):
     from datetime import timedelta
 
     import torch
     import torch.distributed as dist
-    from test_vllm_failures_on_every_process import make_generation
 
+    from tests.test_vllm_failures_on_every_process import make_generation
     from trl.generation import vllm_client
 
     # A process left waiting in a collective fails after 60 s instead of hanging
     dist.init_process_group("gloo", timeout=timedelta(seconds=60))
     _force_cuda_device(vllm_client.VLLMClient)
     generation = make_generation(backend)
-    generation.server_base_url, generation.group_port, generation.server_timeout = base_url, group_port, 30.0
     rank = dist.get_rank()
+    # The port of the weight-transfer group, which only the main process opens: picked here, once gloo holds its own
+    # ports (picked by the launching process, it was once taken by this run's rendezvous or gloo: EADDRINUSE)
+    group_port = _free_port() if rank == 0 else 0
+    generation.server_base_url, generation.group_port, generation.server_timeout = base_url, group_port, 30.0
     if rank == 0:
         # `run_distributed` starts the run once more when gloo aborts a process (seen at teardown, after a complete
         # run): what the stand-in recorded before this start belongs to the earlier one
@@ -278,13 +282,13 @@ def check_sync(backend, base_url, record, group_port):
             torch.testing.assert_close(tensor, expected[name], rtol=0, atol=1e-5, msg=name)
 
 
-def check_sync_aborted_once(backend, base_url, record, group_port):
+def check_sync_aborted_once(backend, base_url, record):
     """`check_sync`; then, at its first start, the first start's updates are emptied and process 1 aborts (SIGABRT,
     as gloo was seen to at teardown), so that `run_distributed` starts it once more against the same stand-in."""
     import torch
     import torch.distributed as dist
 
-    check_sync(backend, base_url, record, group_port)
+    check_sync(backend, base_url, record)
     marker = record / "aborted-once"
     first = not marker.exists()
     if first and dist.get_rank() == 0:
@@ -304,10 +308,10 @@ def _main():
     if check == "client":
         check_client(base_url, Path(record))
     else:
-        from test_prepare_fsdp import run_distributed
+        from tests.test_prepare_fsdp import run_distributed
 
         check_fn = check_sync_aborted_once if check == "sync-aborted-once" else check_sync
-        run_distributed(check_fn, args[0], base_url, Path(record), _free_port(), timeout=START_TIMEOUT)
+        run_distributed(check_fn, args[0], base_url, Path(record), timeout=START_TIMEOUT)
 
 
 if __name__ == "__main__":
