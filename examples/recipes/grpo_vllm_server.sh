@@ -11,8 +11,10 @@
 #   LORA=1 BACKEND=zero3 VLLM_SYNC_MB=256 bash examples/recipes/grpo_vllm_server.sh
 # vLLM gets the first GPU (of CUDA_VISIBLE_DEVICES when it is set: CUDA_VISIBLE_DEVICES=4,5,6,7 serves on 4 and trains
 # on 5,6,7), training the next NUM_GPUS-1; RECIPE_DRY_RUN=1 prints both commands with their CUDA_VISIBLE_DEVICES.
-# Under FSDP2, save_model() writes no final model (accelerate 1.6: sharded state dicts only); the checkpoints
-# (every 500 steps) are sharded: `accelerate merge-weights <checkpoint>/pytorch_model_fsdp_0 <dir>` merges one.
+# Only the trainer may change the server's weights: both get the token in VLLM_API_KEY (yours, or a random one made
+# here when it is unset; docs/vllm_weight_sync.md#only-the-trainer-changes-the-weights-patch-0041).
+# Under FSDP2 the final model is saved whole, as from_pretrained loads it (docs/saving.md); the checkpoints
+# (every 500 steps) stay sharded and resume.
 source "$(dirname "${BASH_SOURCE[0]}")/_common.sh"
 : "${MODEL:=Qwen/Qwen2.5-0.5B-Instruct}" "${REWARD_MODEL:?set REWARD_MODEL to a sequence classification model}"
 : "${DATASET:=trl-lib/tldr}" "${BACKEND:=fsdp2}" "${VLLM_SYNC_MB:=128}" "${VLLM_PORT:=8000}"
@@ -28,6 +30,9 @@ if [ "${#gpus[@]}" -lt "$NUM_GPUS" ]; then
     echo "error: NUM_GPUS=$NUM_GPUS, but CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-} lists ${#gpus[@]} GPU(s)" >&2
     exit 2
 fi
+# The server's token, in the environment of both commands (never on a command line, never printed)
+: "${VLLM_API_KEY:=$(python3 -c 'import secrets; print(secrets.token_hex(16))')}"
+export VLLM_API_KEY
 vllm_gpu="${gpus[0]}"
 train_gpus="$(IFS=,; echo "${gpus[*]:1:$((NUM_GPUS - 1))}")"
 

