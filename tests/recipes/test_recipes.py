@@ -395,7 +395,8 @@ def test_vllm_server_dry_run_prints_what_the_real_run_does(tmp_path, visible, nu
             python=sys.executable)), ("curl", FAKE_CURL)):  # fmt: skip
         (bin_dir / name).write_text(text)
         (bin_dir / name).chmod(0o755)
-    env = {k: v for k, v in os.environ.items() if k not in ("CUDA_VISIBLE_DEVICES", "NUM_GPUS", "ACCELERATE")}
+    env = {k: v for k, v in os.environ.items() if k not in ("CUDA_VISIBLE_DEVICES", "NUM_GPUS", "ACCELERATE",
+                                                            "VLLM_API_KEY")}  # fmt: skip
     env.update(PATH=f"{bin_dir}{os.pathsep}{env['PATH']}", RECORD_DIR=str(records), REWARD_MODEL="reward",
                ACCELERATE=str(bin_dir / "accelerate"))  # fmt: skip
     env.update({k: v for k, v in (("CUDA_VISIBLE_DEVICES", visible), ("NUM_GPUS", num_gpus)) if v is not None})
@@ -404,20 +405,23 @@ def test_vllm_server_dry_run_prints_what_the_real_run_does(tmp_path, visible, nu
     assert serve[0] == f"CUDA_VISIBLE_DEVICES={vllm_gpu}" and serve[-1] == "&"
     assert train[0] == f"CUDA_VISIBLE_DEVICES={train_gpus}"
 
-    subprocess.run(["bash", RECIPES / "grpo_vllm_server.sh"], env=env, check=True, capture_output=True, timeout=120)
+    real = subprocess.run(["bash", RECIPES / "grpo_vllm_server.sh"], env=env, check=True, capture_output=True,
+                          text=True, timeout=120)  # fmt: skip
     served = json.loads((records / "trl.json").read_text())
     trained = json.loads((records / "accelerate.json").read_text())
     assert [f"CUDA_VISIBLE_DEVICES={served['CUDA_VISIBLE_DEVICES']}", "trl", *served["argv"][1:], "&"] == serve
     assert [f"CUDA_VISIBLE_DEVICES={trained['CUDA_VISIBLE_DEVICES']}", *trained["argv"]] == train
     assert trained["argv"][trained["argv"].index("--num_processes") + 1] == str(len(train_gpus.split(",")))
-    # The server and the trainer share a token (#41): set by the recipe when the user set none, never printed
-    assert served["VLLM_API_KEY"] and served["VLLM_API_KEY"] == trained["VLLM_API_KEY"]
-    assert len(served["VLLM_API_KEY"]) >= 32 and served["VLLM_API_KEY"] not in " ".join(serve + train)
-    subprocess.run(["bash", RECIPES / "grpo_vllm_server.sh"], env=dict(env, VLLM_API_KEY="mine"), check=True,
-                   capture_output=True, timeout=120)  # fmt: skip
+    # The server and the trainer share a token (#41): made by the recipe when the user set none, never printed
+    token = served["VLLM_API_KEY"]
+    assert token and token == trained["VLLM_API_KEY"] and len(token) >= 32
+    assert token not in real.stdout + real.stderr
+    mine = subprocess.run(["bash", RECIPES / "grpo_vllm_server.sh"], env=dict(env, VLLM_API_KEY="my-token-4d1f"),
+                          check=True, capture_output=True, text=True, timeout=120)  # fmt: skip
     served = json.loads((records / "trl.json").read_text())
     trained = json.loads((records / "accelerate.json").read_text())
-    assert served["VLLM_API_KEY"] == trained["VLLM_API_KEY"] == "mine"
+    assert served["VLLM_API_KEY"] == trained["VLLM_API_KEY"] == "my-token-4d1f"
+    assert "my-token-4d1f" not in mine.stdout + mine.stderr
 
 
 def test_report_from_measurements(tmp_path):

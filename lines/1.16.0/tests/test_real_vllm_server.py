@@ -4,7 +4,7 @@ test-real-vllm LINE=1.16.0`), a tiny Qwen2 model built here (head_dim 32: vLLM's
 The server is the real one: `python -m trl.scripts.vllm_serve` of the line's tree, which runs `vllm serve` with
 vLLM's dev mode; the client is the tree's `VLLMClient`, in this process (it talks HTTP only until a weight transfer,
 which needs CUDA here: vLLM's NCCL engine). What is checked (#41): with `VLLM_API_KEY` set, every route of the server
-(read from its own `/openapi.json`) but `/health` answers 401 without the token and with a wrong one, and works with
+(read from its own `/openapi.json`) but vLLM's probes (`/health`, `/ping`, `/version`, `/metrics`) answers 401 without the token and with a wrong one, and works with
 it; the client sends the token and generates; a client with a wrong token stops with one line. Without a token:
 the same routes answer as vLLM's do (the dev-mode weight routes open, as before), the client sends no
 `Authorization` header, and `trl vllm-serve` printed one line saying so.
@@ -142,12 +142,13 @@ def test_with_a_token_only_its_holder_reaches_the_routes(tiny_model, tmp_path, c
         assert ("POST", "/init_weight_transfer_engine") in routes and ("POST", "/reset_prefix_cache") in routes
         assert len({path for _, path in routes}) >= 40, routes  # (0.31.0: 49 paths besides /health)
         for method, path in routes:
-            if path == "/health":
+            if path in ("/health", "/ping", "/version", "/metrics"):  # vLLM's probes stay open
                 continue
             for headers in ({}, {"Authorization": "Bearer wrong"}):
                 response = requests.request(method, server.base_url + path, json={}, headers=headers, timeout=30)
                 assert response.status_code == 401, (method, path, headers, response.text[:200])
-        assert requests.get(f"{server.base_url}/health", timeout=30).status_code == 200
+        for probe in ("/health", "/ping", "/version", "/metrics"):  # vLLM's probes, open
+            assert requests.get(server.base_url + probe, timeout=30).status_code == 200, probe
         # With the token: the weight routes work as without one
         for path in ("/start_weight_update", "/finish_weight_update", "/reset_prefix_cache"):
             response = requests.post(server.base_url + path, json={}, headers=good, timeout=30)
@@ -164,7 +165,7 @@ def test_with_a_token_only_its_holder_reaches_the_routes(tiny_model, tmp_path, c
         with pytest.raises(PermissionError) as raised:
             client_env.VLLMClient(base_url=server.base_url, connection_timeout=30)
         assert "refused the token in VLLM_API_KEY" in str(raised.value) and "\n" not in str(raised.value)
-        assert "open to anyone" not in server.output()
+        assert "weight routes of this server are open" not in server.output()
     finally:
         server.stop()
 
@@ -180,7 +181,7 @@ def test_without_a_token_the_server_is_as_before_and_says_so(tiny_model, tmp_pat
         result = client.generate([[1, 2, 3]], max_tokens=4, temperature=0.0, generation_kwargs={"ignore_eos": True})
         assert [len(ids) for ids in result["completion_ids"]] == [4], result
         assert sent and not any("Authorization" in request.headers for request in sent)
-        [line] = [line for line in server.output().splitlines() if "open to anyone" in line]
-        assert "VLLM_API_KEY" in line and "--host 127.0.0.1" in line
+        [line] = [line for line in server.output().splitlines() if "weight routes of this server are open" in line]
+        assert "open to every process on this machine" in line and "set VLLM_API_KEY" in line  # (on 127.0.0.1)
     finally:
         server.stop()

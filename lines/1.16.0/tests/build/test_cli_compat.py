@@ -27,6 +27,8 @@ FORK_OPTIONS = {
     "--generation-gather-budget-mb",
     "--vllm_server_request_timeout",
     "--vllm-server-request-timeout",
+    "--api_key",  # `trl vllm-serve`'s token (patch 0025)
+    "--api-key",
 }
 
 
