@@ -99,6 +99,7 @@ def _train_tokenizer(vocab_size=320):
 
 
 def _model_config(tokenizer, **extra):
+    """The tiny Qwen2 config of `MODEL_KW` for `tokenizer`; `extra` adds keys or replaces those of `MODEL_KW`."""
     from transformers import Qwen2Config
 
     return Qwen2Config(
@@ -106,8 +107,7 @@ def _model_config(tokenizer, **extra):
         pad_token_id=tokenizer.pad_token_id,
         eos_token_id=tokenizer.eos_token_id,
         bos_token_id=tokenizer.eos_token_id,
-        **MODEL_KW,
-        **extra,
+        **{**MODEL_KW, **extra},
     )
 
 

