@@ -686,12 +686,29 @@ def _setup_py_metadata(tree: Path) -> dict:
     return found
 
 
-def patch_test_files(tree: Path, patches_dir: Path = PATCHES_DIR, names: list[str] | None = None) -> list[Path]:
-    """Test files (``tests/test_*.py``) that the patches add or change, as paths inside ``tree``."""
+def patch_test_files(
+    tree: Path, patches_dir: Path = PATCHES_DIR, names: list[str] | None = None, needs: str | None = None
+) -> list[Path]:
+    """Test files (``tests/test_*.py``) that the patches add or change, as paths inside ``tree``; with ``needs``,
+    only those of the patches whose tests need it (``Test-Needs:``)."""
     paths = {}
     for name in read_series(patches_dir) if names is None else names:
-        paths.update(dict.fromkeys(patch_test_names(patches_dir / name)))
+        if needs is None or needs in patch_test_needs(patches_dir / name):
+            paths.update(dict.fromkeys(patch_test_names(patches_dir / name)))
     return [tree / path for path in paths]
+
+
+def patch_test_needs(patch_file: Path) -> set[str]:
+    """What a patch's tests need beyond the line's venv, from its ``Test-Needs:`` trailer (``vllm``: a real vLLM,
+    the line's ``.venv-vllm``; without one they skip)."""
+    needs = set()
+    for line in patch_file.read_text().splitlines():
+        if line.startswith("---"):
+            break
+        match = re.match(r"^Test-Needs:\s*(\w+)", line)
+        if match:
+            needs.add(match.group(1))
+    return needs
 
 
 def patch_test_names(patch_file: Path) -> dict[str, list[str]]:
@@ -770,6 +787,7 @@ def main(argv: list[str] | None = None) -> int:
     sub.add_parser("check-tracked", help="fail if git tracks upstream TRL source (of any line)")
     p = sub.add_parser("patch-tests", help="print the test files the patches add, inside a tree")
     p.add_argument("--tree", type=Path, default=None, help="default: the line's trl-src/")
+    p.add_argument("--needs", default=None, help="only those of the patches whose `Test-Needs:` names this (vllm)")
     sub.add_parser("info", help="print the base and the series")
     sub.add_parser("lines", help="print the lines and where each lives")
     args = parser.parse_args(argv)
@@ -807,7 +825,7 @@ def main(argv: list[str] | None = None) -> int:
                 raise BuildError(f"git tracks upstream TRL source: {', '.join(offenders)}")
             log("OK: git tracks no upstream TRL source")
         elif args.command == "patch-tests":
-            for path in patch_test_files(args.tree, args.patches):
+            for path in patch_test_files(args.tree, args.patches, needs=args.needs):
                 print(path)
         elif args.command == "info":
             base = load_base(args.patches)

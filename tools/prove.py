@@ -120,12 +120,15 @@ def record_proof(seconds: float, n_patches: int, reproven: int | None = None) ->
     print(f"recorded the proven state in {(LINE.patches / PROVEN).relative_to(forkbuild.ROOT)}: commit it")
 
 
-def run_pytest(tree: Path, args: list[str], junit: Path | None = None, log: Path | None = None) -> int:
-    """Runs pytest on ``tree``; with ``log``, its output goes to that file instead of the terminal."""
+def run_pytest(
+    tree: Path, args: list[str], junit: Path | None = None, log: Path | None = None, python: str | None = None
+) -> int:
+    """Runs pytest on ``tree`` with ``python`` (default: this one); with ``log``, its output goes to that file instead
+    of the terminal."""
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(tree), env.get("PYTHONPATH")]))
     env.setdefault("HF_HUB_OFFLINE", "1")
-    command = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", *args]
+    command = [python or sys.executable, "-m", "pytest", "-p", "no:cacheprovider", *args]
     if junit is not None:
         command.append(f"--junitxml={junit}")
     if log is None:
@@ -172,19 +175,27 @@ def outcome_from_junit(path: Path, seconds: float) -> Outcome:
     return outcome
 
 
-def measure(tree: Path, args: list[str], log: Path, expect_failures: bool = False) -> Outcome:
+def measure(
+    tree: Path, args: list[str], log: Path, expect_failures: bool = False, python: str | None = None
+) -> Outcome:
     """Runs a selection with its output in ``log`` (CI logs stay small: runs before a patch fail on purpose).
     A run that should pass and does not prints the tail of its log (``expect_failures``: never)."""
     with tempfile.TemporaryDirectory(prefix="trl-prove-") as tmp:
         junit = Path(tmp) / "junit.xml"
         start = time.monotonic()
         tb = "line" if expect_failures else "short"
-        run_pytest(tree, ["-q", "--no-header", "-rfE", f"--tb={tb}", *args], junit, log=log)
+        run_pytest(tree, ["-q", "--no-header", "-rfE", f"--tb={tb}", *args], junit, log=log, python=python)
         outcome = outcome_from_junit(junit, time.monotonic() - start)
     if not expect_failures and set(outcome.counts) - {"passed", "skipped", "xfailed"}:
         lines = log.read_text(errors="replace").splitlines()
         print(f"----- {log} (last 150 of {len(lines)} lines) -----", *lines[-150:], sep="\n", flush=True)
     return outcome
+
+
+def vllm_python() -> str | None:
+    """The Python with vLLM's CPU build for the line (``TRL_FORK_VLLM_PYTHON``, else ``.venv-vllm`` of the line)."""
+    python = os.environ.get("TRL_FORK_VLLM_PYTHON") or str(LINE.project / ".venv-vllm" / "bin" / "python")
+    return python if Path(python).is_file() else None
 
 
 def _outside_the_tree(tree: Path, stem: str, tests: dict) -> list[str]:
@@ -241,12 +252,23 @@ def table(matrix: bool, extra: list[str], against_base: bool = False, skip_if_pr
         if all(tests.values()):  # the tests the patch adds, where it adds some to every file it touches
             selection += ["-k", " or ".join(name for names in tests.values() for name in names)]
         stem = name.removesuffix(".patch")
+        python = None
+        if "vllm" in forkbuild.patch_test_needs(LINE.patches / name):  # a real vLLM: the line's vLLM venv
+            python = vllm_python()
+            if python is None:
+                rows.append((name, "-", "needs vLLM: run `make venv-vllm LINE=1.16.0`", "-", "NOT PROVEN"))
+                ok = False
+                continue
         # One failure is the proof: the run before the patch stops at the first one (`--maxfail=1`)
         before_selection = [*_outside_the_tree(after_tree, stem, tests), *selection[len(tests) :]]
         before = measure(
-            before_tree, [*before_selection, "--maxfail=1"], logs_dir() / f"{stem}.before.log", expect_failures=True
+            before_tree,
+            [*before_selection, "--maxfail=1"],
+            logs_dir() / f"{stem}.before.log",
+            expect_failures=True,
+            python=python,
         )
-        after = measure(after_tree, selection, logs_dir() / f"{stem}.patched.log")
+        after = measure(after_tree, selection, logs_dir() / f"{stem}.patched.log", python=python)
         before_fails = before.counts.get("failed", 0) + before.counts.get("error", 0) > 0
         after_passes = after.counts.get("passed", 0) > 0 and set(after.counts) <= {"passed", "skipped"}
         verdict = "OK" if before_fails and after_passes else "NOT PROVEN"

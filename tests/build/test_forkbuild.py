@@ -142,6 +142,17 @@ def test_every_patch_has_upstream_pr_header_and_dep3_trailers():
         assert forkbuild.patch_test_files(Path("/tree"), path.parent, names=[name]), f"{name} carries no tests"
 
 
+def test_test_needs_trailer_selects_the_tests_that_need_a_real_vllm():
+    """`Test-Needs: vllm` sends a patch's tests to the line's vLLM venv (`make prove`, `make test-real-vllm`); a
+    patch without it keeps its tests in the line's venv."""
+    patches = forkbuild.get_line("1.16.0").patches
+    needing = [name for name in forkbuild.read_series(patches) if forkbuild.patch_test_needs(patches / name)]
+    assert needing == ["0026-vLLM-colocate-sync-through-vLLM-s-own-reload-on-its-CPU-platform.patch"]
+    assert forkbuild.patch_test_needs(patches / needing[0]) == {"vllm"}
+    selected = forkbuild.patch_test_files(Path("/tree"), patches, needs="vllm")
+    assert selected == [Path("/tree/tests/test_vllm_colocate_reload.py")]
+
+
 def test_patch_that_does_not_apply_names_patch_and_file(tmp_path, patches_copy):
     broken = patches_copy / "9999-broken.patch"
     broken.write_text(
