@@ -171,7 +171,7 @@ $(VENV_VLLM)/.installed: $(PROJECT)/setup.py tools/vllm_cpu_shim.py Makefile
 	$(PY_VLLM) -m pip uninstall --quiet --yes torchvision torchaudio torchcodec
 	$(PY_VLLM) tools/vllm_cpu_shim.py
 	# colocate mode runs the trainer beside the engine: Accelerate, DeepSpeed, PEFT, datasets within the line's bounds
-	$(PY_VLLM) -m pip install --quiet "accelerate<1.16" "datasets<5.3" "peft<0.22" "deepspeed<0.20" pytest
+	$(PY_VLLM) -m pip install --quiet "accelerate<1.16" "datasets<5.3" "peft<0.22" "deepspeed<0.20" pytest "$(TORCH)"
 	touch $@
 
 venv-vllm: $(VENV_VLLM)/.installed  ## (LINE=1.16.0) create $(VENV_VLLM): vLLM's CPU build for the real-vLLM tests
@@ -179,8 +179,9 @@ venv-vllm: $(VENV_VLLM)/.installed  ## (LINE=1.16.0) create $(VENV_VLLM): vLLM's
 test-real-vllm: dev venv-vllm  ## (LINE=1.16.0) a real vLLM (CPU build): `trl vllm-serve` (real_vllm) and colocate sync
 	$(if $(filter 0.16.1,$(LINE)),$(error make $@: the 1.16.0 line's target; run it with LINE=1.16.0))
 	TRL_FORK_VLLM_PYTHON=$(abspath $(PY_VLLM)) $(PY) -m pytest -m real_vllm $(LINE_TESTS) $(PYTEST_ARGS)
-	PYTHONPATH=$(TREE) HF_HUB_OFFLINE=1 $(PY_VLLM) -m pytest -p no:cacheprovider \
-		$$($(PY) tools/forkbuild.py --line $(LINE) patch-tests --tree $(TREE) --needs vllm) $(PYTEST_ARGS)
+	tests=$$($(PY) tools/forkbuild.py --line $(LINE) patch-tests --tree $(TREE) --needs vllm); \
+	test -n "$$tests" || { echo "no patch of the line has Test-Needs: vllm"; exit 1; }; \
+	PYTHONPATH=$(TREE) HF_HUB_OFFLINE=1 $(PY_VLLM) -m pytest -p no:cacheprovider $$tests $(PYTEST_ARGS)
 
 # Golden equivalence (#13): with no fork option set, the fork's per-step logged values and trained weights equal
 # TRL 0.16.1's bit for bit (tests/golden, docs/golden_equivalence.md). Not part of `make test` (marked slow + dist).

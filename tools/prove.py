@@ -256,7 +256,15 @@ def table(matrix: bool, extra: list[str], against_base: bool = False, skip_if_pr
         if "vllm" in forkbuild.patch_test_needs(LINE.patches / name):  # a real vLLM: the line's vLLM venv
             python = vllm_python()
             if python is None:
-                rows.append((name, "-", "needs vLLM: run `make venv-vllm LINE=1.16.0`", "-", "NOT PROVEN"))
+                rows.append(
+                    (
+                        name,
+                        "-",
+                        f"needs vLLM: no Python at TRL_FORK_VLLM_PYTHON or {LINE.project}/.venv-vllm (make venv-vllm LINE={LINE.name})",
+                        "-",
+                        "NOT PROVEN",
+                    )
+                )
                 ok = False
                 continue
         # One failure is the proof: the run before the patch stops at the first one (`--maxfail=1`)

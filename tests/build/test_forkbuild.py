@@ -147,10 +147,15 @@ def test_test_needs_trailer_selects_the_tests_that_need_a_real_vllm():
     patch without it keeps its tests in the line's venv."""
     patches = forkbuild.get_line("1.16.0").patches
     needing = [name for name in forkbuild.read_series(patches) if forkbuild.patch_test_needs(patches / name)]
-    assert needing == ["0026-vLLM-colocate-sync-through-vLLM-s-own-reload-on-its-CPU-platform.patch"]
-    assert forkbuild.patch_test_needs(patches / needing[0]) == {"vllm"}
+    colocate = "0026-vLLM-colocate-sync-through-vLLM-s-own-reload-on-its-CPU-platform.patch"
+    assert (
+        colocate in needing
+        and "0025-vLLM-server-a-token-guards-every-route-but-vLLM-s-probes-VLLM_API_KEY.patch" not in needing
+    )
+    assert forkbuild.patch_test_needs(patches / colocate) == {"vllm"}
     selected = forkbuild.patch_test_files(Path("/tree"), patches, needs="vllm")
-    assert selected == [Path("/tree/tests/test_vllm_colocate_reload.py")]
+    assert Path("/tree/tests/test_vllm_colocate_reload.py") in selected
+    assert Path("/tree/tests/test_vllm_serve_token.py") not in selected
 
 
 def test_patch_that_does_not_apply_names_patch_and_file(tmp_path, patches_copy):
