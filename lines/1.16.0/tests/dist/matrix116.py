@@ -302,6 +302,17 @@ def shares(run):
     return {name: " / ".join(values) for name, values in out.items()}
 
 
+def _errors(launches):
+    """``(trainer, backend, error)`` for each distinct first error line of a run (every failing rank), or its hang."""
+    for done in launches:
+        for trainer, run in done.runs.items():
+            errors = sorted({e.split(": ", 1)[1] for e in run.launch.error_lines()})
+            if run.launch.hung:
+                errors = ["HANG (launch timed out while it ran)"]
+            for error in errors:
+                yield trainer, done.backend, error
+
+
 def markdown(outcomes, reasons):
     """The matrix as markdown: ``outcomes[(trainer, backend, check)]`` ("pass", "xfail #27", "FAIL", ...),
     ``reasons[(trainer, backend, check)]``: the mark's reason of an expected failure."""
@@ -332,14 +343,7 @@ def markdown(outcomes, reasons):
         per = ", ".join(f"{t} {run.launch.duration:.1f}" for t, run in done.runs.items())
         status = "timed out" if done.launch.timed_out else f"exit {done.launch.returncode}"
         lines.append(f"| {done.backend} | {done.wall:.0f} s ({status}) | {per} |")
-    failing = []
-    for done in launches:
-        for trainer, run in done.runs.items():
-            errors = sorted({e.split(": ", 1)[1] for e in run.launch.error_lines()})
-            if run.launch.hung:
-                errors = ["HANG (launch timed out while it ran)"]
-            for error in errors:
-                failing.append(f"| {trainer} | {done.backend} | `` {error} `` |")
+    failing = [f"| {trainer} | {backend} | `` {error} `` |" for trainer, backend, error in _errors(launches)]
     if failing:
         lines += ["", "| trainer | backend | first error line (every failing rank) |", "| --- | --- | --- |", *failing]
     if reasons:
@@ -384,11 +388,5 @@ def terminal(outcomes, width=120):
             for done in launches
         )
     )
-    for done in launches:
-        for trainer, run in done.runs.items():
-            errors = sorted({e.split(": ", 1)[1] for e in run.launch.error_lines()})
-            if run.launch.hung:
-                errors = ["HANG (launch timed out while it ran)"]
-            for error in errors:
-                lines.append(f"{trainer} / {done.backend}: {error}"[:width])
+    lines += [f"{trainer} / {backend}: {error}"[:width] for trainer, backend, error in _errors(launches)]
     return "\n".join(lines) + "\n"
