@@ -3,22 +3,22 @@ SHELL := /bin/bash
 .SHELLFLAGS := -o pipefail -ec
 
 PYTHON ?= python3
-# The line: which pinned TRL release the targets work on. 0.16.1 is the repository root; the others are projects in
-# lines/<version>/ with their own setup.py, patches/, trl-src/, build/ and .venv/ (README "Which line").
-LINE ?= 0.16.1
+# The line: which pinned TRL release the targets work on. Each line is a project in lines/<version>/ with its own
+# setup.py, patches/, trl-src/, build/ and .venv/ (README "Which line"); 1.16.0, today's TRL, is the default, the one
+# the repository's root installs. LINE=0.16.1 selects the line in maintenance.
+LINE ?= 1.16.0
+PROJECT := lines/$(LINE)
+VENV ?= $(PROJECT)/.venv
 ifeq ($(LINE),0.16.1)
-PROJECT := .
-VENV ?= .venv
 EXTRAS ?= test,deepspeed,peft,scikit
+# the 0.16.1 line's tests still live in the root's tests/ (with the harness both lines use)
 LINE_TESTS := tests
 SHARED_TESTS :=
 RUFF ?= ruff==0.9.10
 else
-PROJECT := lines/$(LINE)
-VENV ?= $(PROJECT)/.venv
 EXTRAS ?= test,deepspeed,peft
 LINE_TESTS := $(PROJECT)/tests
-# tests of the 0.16.1 line's tree that run on every line (with the line's venv)
+# tests in the root's tests/ that run on every line (with the line's venv)
 SHARED_TESTS := tests/recipes/test_multi_machine.py tests/benchmarks/test_frozen_model_memory.py
 # the ruff release whose rules TRL 1.16.0's own tree passes (its pyproject selects rules explicitly)
 RUFF ?= ruff==0.16.10
@@ -27,18 +27,18 @@ ifeq ($(wildcard $(PROJECT)/patches/base.json),)
 $(error LINE=$(LINE): no such line (the lines: $(shell $(PYTHON) tools/forkbuild.py lines | cut -f1 | tr '\n' ' ')))
 endif
 PY := $(VENV)/bin/python
-# Targets that exist for the 0.16.1 line only (its demo, TRL 0.16.1's own suite, the torch 2.6 lane, GPU recipes,
-# formatting our code with that line's ruff) stop with one line on another line, and the 1.16.0 line's own (its real
-# vLLM) on 0.16.1: at parse time, before any prerequisite (a venv) is built.
-TARGETS_0161 := demo upstream-suite test-torch26 venv-torch26 recipes-gpu style
+# Targets that exist for the 0.16.1 line only (TRL 0.16.1's own suite, the torch 2.6 lane, GPU recipes, formatting
+# our code with that line's ruff) stop with one line on another line, and the 1.16.0 line's own (its real vLLM) on
+# 0.16.1: at parse time, before any prerequisite (a venv) is built.
+TARGETS_0161 := upstream-suite test-torch26 venv-torch26 recipes-gpu style
 TARGETS_1160 := venv-vllm test-real-vllm
 ifneq ($(LINE),0.16.1)
 ifneq ($(filter $(TARGETS_0161),$(MAKECMDGOALS)),)
-$(error make $(firstword $(filter $(TARGETS_0161),$(MAKECMDGOALS))): the 0.16.1 line's target; run it without LINE=$(LINE))
+$(error make $(firstword $(filter $(TARGETS_0161),$(MAKECMDGOALS))): the 0.16.1 line's target; run it with LINE=0.16.1)
 endif
 else
 ifneq ($(filter $(TARGETS_1160),$(MAKECMDGOALS)),)
-$(error make $(firstword $(filter $(TARGETS_1160),$(MAKECMDGOALS))): the 1.16.0 line's target; run it with LINE=1.16.0)
+$(error make $(firstword $(filter $(TARGETS_1160),$(MAKECMDGOALS))): the 1.16.0 line's target; run it without LINE=0.16.1)
 endif
 endif
 # CPU build of torch; on a GPU machine pass the build you need, e.g. TORCH="torch==2.6.0".
@@ -117,8 +117,8 @@ recipes-gpu: dev  ## every recipe on this machine's GPUs, 5 steps each; time per
 test-all: dev  ## everything but the GPU cells
 	$(PY) -m pytest -m "not gpu and not real_vllm" $(LINE_TESTS) $$($(PY) tools/forkbuild.py --line $(LINE) patch-tests --tree $(TREE)) $(PYTEST_ARGS)
 
-demo: dev  ## GRPO through `trl grpo` on a tiny local model, 2 CPU processes, with a reference model
-	$(PY) examples/demo/run_demo.py $(DEMO_ARGS)
+demo: dev  ## GRPO through `trl grpo` on a tiny local model, 2 CPU processes: what the fork fixes, measured
+	$(PY) examples/demo/run_demo.py --line $(LINE) $(DEMO_ARGS)
 
 prove: dev  ## each patch's tests on the series before it (must fail) and with it (must pass); prints a table
 	$(PY) tools/prove.py --line $(LINE) table $(PROVE_ARGS)
@@ -141,26 +141,27 @@ ci:  ## what CI runs, both lines: .ci/run
 clean:  ## remove build products of every line (keeps each line's trl-src/ and venv)
 	rm -rf build dist *.egg-info .pytest_cache lines/*/build lines/*/*.egg-info
 
-# --- torch 2.6.0 lane (#13): the torch that vLLM 0.8.x pins, next to the dev venv's torch. docs/torch_versions.md.
-# Its venv holds torch 2.6.0 and the dependencies of `.[$(EXTRAS)]` but no trl: every run imports the fork from
-# build/trees/upto-NNNN (base + patches/series, rebuilt by tools/prove.py), never trl-src/ or a stale install.
-VENV26 ?= .venv-torch26
+# --- torch 2.6.0 lane (#13, LINE=0.16.1): the torch that vLLM 0.8.x pins, next to the dev venv's torch.
+# docs/torch_versions.md. Its venv holds torch 2.6.0 and the dependencies of `lines/0.16.1[$(EXTRAS)]` but no trl:
+# every run imports the fork from the line's build/trees/upto-NNNN (base + patches/series, rebuilt by tools/prove.py),
+# never trl-src/ or a stale install.
+VENV26 ?= $(PROJECT)/.venv-torch26
 PY26 := $(VENV26)/bin/python
 TORCH26 ?= torch==2.6.0
 
-$(VENV26)/.installed: setup.py pyproject.toml
+$(VENV26)/.installed: $(PROJECT)/setup.py $(PROJECT)/pyproject.toml
 	@echo "[make] building $(VENV26): $(TORCH26) and the line's test dependencies (no trl); about 2 minutes, once"
 	test -x $(PY26) || $(PYTHON) -m venv $(VENV26)
 	$(PY26) -m pip install --quiet --upgrade pip
 	$(PY26) -m pip install --quiet "$(TORCH26)"
-	$(PY26) -m pip install --quiet ".[$(EXTRAS)]" "$(TORCH26)"
+	$(PY26) -m pip install --quiet "$(PROJECT)[$(EXTRAS)]" "$(TORCH26)"
 	$(PY26) -m pip uninstall --quiet --yes trl
 	touch $@
 
 venv-torch26: $(VENV26)/.installed  ## create $(VENV26): torch 2.6.0 + the test extras, trl imported from build/trees
 
 # LANE_SKIP_IF_PROVEN=1 (CI): skipped when every file it depends on is byte-identical to the state it last passed on,
-# at most 7 days ago (patches/torch26_proven.json, written by a whole passing lane; tools/torch_lane.py).
+# at most 7 days ago (lines/0.16.1/patches/torch26_proven.json, written by a whole passing lane; tools/torch_lane.py).
 LANE_SKIP_IF_PROVEN ?=
 test-torch26:  ## the torch 2.6.0 lane: build tests, patch tests, DDP/FSDP1/ZeRO-2/ZeRO-3/DP cells
 	if [ "$(LANE_SKIP_IF_PROVEN)" = 1 ] && [ -z "$(PYTEST_ARGS)" ]; then \
@@ -201,7 +202,7 @@ test-real-vllm: dev venv-vllm  ## (LINE=1.16.0) a real vLLM (CPU build): `trl vl
 golden: dev  ## fork vs the line's pristine base on default paths (1 process and 2-rank DDP), bit for bit
 	$(PY) -m pytest -m golden $(LINE_TESTS)/golden $(PYTEST_ARGS)
 
-# TRL 0.16.1's own test suite (#13): the sdist's tests/ on the pristine base and on the fork, offline (tiny models
+# TRL 0.16.1's own test suite (#13, LINE=0.16.1): the sdist's tests/ on the pristine base and on the fork, offline (tiny models
 # and a synthetic zen dataset mapped in by tests/upstream/upstream_offline.py); fails when a test passing on the
 # base fails on the fork. docs/upstream_suite.md. UPSTREAM_ARGS: e.g. --files test_cli.py, --jobs 1, -- -k peft.
 .PHONY: upstream-suite

@@ -1,11 +1,14 @@
-"""Install the TRL fork's 0.16.1 line: TRL 0.16.1 with the patch series in ``patches/`` applied.
+"""Install the TRL fork's default line (``tools/forkbuild.py``'s ``DEFAULT_LINE``: TRL 1.16.0) from the repository's
+root, so that the bare URL installs it:
 
-The repository holds no upstream source. Building (``pip install .``, ``pip install git+...``) fetches the pinned
-sdist through pip, verifies its sha256, applies ``patches/series`` and packages the result (``tools/forksetup.py``,
-shared with the other lines in ``lines/``). An editable install (``pip install -e .``) points at the development
-tree ``trl-src/`` instead, which is materialized on first use and then left to the developer (CONTRIBUTING.md).
+    pip install "trl[vllm] @ git+<this repository>"                              # TRL 1.16.0 + the fork's patches
+    pip install "trl @ git+<this repository>#subdirectory=lines/0.16.1"          # the 0.16.1 line
+
+Each line is a project of its own in ``lines/<version>/`` (its ``setup.py`` holds its pins). This file runs the
+default line's ``setup.py`` with the root as the directory ``setup()`` works in: the same pins, the same package.
 """
 
+import runpy
 import sys
 from pathlib import Path
 
@@ -13,33 +16,9 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE / "tools"))
 
-from forksetup import fork_setup  # noqa: E402
+import forkbuild  # noqa: E402
+import forksetup  # noqa: E402
 
 
-# Upper bounds we have tested TRL 0.16.1 with. A fresh resolve without them picks releases that 0.16.1 does not run
-# on (transformers 5.x, for one). Raise a bound only after running `make test` and `make test-dist` with the new
-# release.
-TESTED_UPPER_BOUNDS = {
-    "transformers": "<4.52",
-    "accelerate": "<1.7",
-    "datasets": "<4",
-    "peft": "<0.16",
-    "deepspeed": "<0.17",
-    # The first vLLM release that breaks what 0.16.1's vLLM paths call: from 0.8.2 on, a custom `worker_cls` no
-    # longer falls back to vLLM's V0 engine, so `trl vllm-serve`'s V0 WeightSyncWorker lands on V1 and fails. Checked
-    # on the wheels by tests/build/test_vllm_contract.py; the table per release is in docs/vllm_version.md.
-    "vllm": "<0.8.2",
-}
-# What the fork's own test suite needs on top of upstream's `test` extra.
-# fastapi, uvicorn and requests: the tests run `trl vllm-serve`'s app (with a stand-in engine) and its client.
-FORK_EXTRAS = {"test": ["pytest-timeout", "tokenizers", "fastapi", "uvicorn", "requests"]}
-
-
-fork_setup(
-    HERE,
-    description="TRL 0.16.1 with fixes for distributed online RL training (FSDP, DeepSpeed ZeRO-3, DataParallel, vLLM).",
-    bounds=TESTED_UPPER_BOUNDS,
-    fork_extras=FORK_EXTRAS,
-    python_requires=">=3.9",
-    package_data={"trl": ["templates/*.md"]},
-)
+forksetup.SETUP_DIR = HERE  # setup() runs here, not in the line's folder: its paths are relative to this directory
+runpy.run_path(str(forkbuild.get_line().project / "setup.py"), run_name="__main__")

@@ -40,7 +40,8 @@ the largest unit + 10 % of the full model, the unit being one decoder layer or t
 layers (embeddings, output head, final norm), whichever is larger.
 
 Usage (each line with its own virtual environment):
-    .venv/bin/python benchmarks/frozen_model_memory.py --fork-trl trl-src --base-trl build/trees/base
+    lines/0.16.1/.venv/bin/python benchmarks/frozen_model_memory.py \
+        --fork-trl lines/0.16.1/trl-src --base-trl lines/0.16.1/build/trees/base
     lines/1.16.0/.venv/bin/python benchmarks/frozen_model_memory.py \
         --fork-trl lines/1.16.0/trl-src --base-trl lines/1.16.0/build/trees/base
 Short runs: 2 forward passes of a 2 x 64 token batch per variant; 1 to 3 minutes per variant on 2 shared CPU cores.

@@ -15,7 +15,7 @@ processes:
 Peak extra per rank: peak resident memory during the call minus the resident memory right before it (``VmHWM`` after
 resetting it, ``benchmarks/_common.py``). Run with the line's venv:
 
-    .venv/bin/python benchmarks/save_memory.py                       # 0.16.1 line
+    lines/0.16.1/.venv/bin/python benchmarks/save_memory.py          # 0.16.1 line
     lines/1.16.0/.venv/bin/python benchmarks/save_memory.py          # 1.16.0 line
 """
 

@@ -9,7 +9,7 @@
 #      holds all of them), bounded by MATRIX_LIMIT seconds so the call returns with what it has.
 #
 # Fill .whl/ on a machine with pip first (docs/gpu_runs.md): `pip download --no-deps --only-binary=:all:` of the pins
-# above for Python 3.12 / manylinux x86_64, and `pip wheel --no-deps -w .whl .` for the fork (remove older fork wheels).
+# above for Python 3.12 / manylinux x86_64, and `pip wheel --no-deps -w .whl lines/0.16.1` for the fork (remove older fork wheels).
 set -u
 OUT=${OUT:-/tmp/device-out}
 MATRIX_LIMIT=${MATRIX_LIMIT:-200}
@@ -18,7 +18,7 @@ mkdir -p "$OUT"
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
     >"$OUT/install.log" 2>&1 || { tail -20 "$OUT/install.log"; exit 1; }
 export PYTHONPATH=/tmp/site PATH=/tmp/site/bin:$PATH DS_ACCELERATOR=cuda HF_HUB_OFFLINE=1 PYTHONUNBUFFERED=1
-series=$(grep -c '^0' patches/series)
+series=$(grep -c '^0' lines/0.16.1/patches/series)
 python3 -c "import trl, sys; sys.exit(0 if trl.__version__ == '0.16.1+fork.$series' else f'stale fork wheel: {trl.__version__}, series has $series patches')" || exit 1
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$OUT/gpu.txt"
 python3 -c "import torch, transformers, accelerate, deepspeed, peft, datasets, trl; print('torch', torch.__version__,

@@ -30,14 +30,15 @@ from pathlib import Path
 
 
 ROOT = Path(__file__).resolve().parent.parent
-# The fork's lines: one per pinned TRL release. The repository root is the 0.16.1 line (so that the bare
-# `pip install git+<repo>` keeps meaning what it meant); every later line lives in lines/<version>/. Each line is an
-# installable project of its own: setup.py, patches/ (base.json + series), and its build products next to them.
-DEFAULT_LINE = "0.16.1"
+# The fork's lines: one per pinned TRL release, each in lines/<version>/, an installable project of its own:
+# setup.py, patches/ (base.json + series), tests/, docs/, and its build products next to them. The default line is
+# the one the repository's root installs (the root setup.py builds it: the bare `pip install git+<repo>`) and the one
+# `make` works on without LINE=.
+DEFAULT_LINE = "1.16.0"
 LINES_DIR = ROOT / "lines"
-PATCHES_DIR = ROOT / "patches"
-DEV_TREE = ROOT / "trl-src"
-BUILD_TREE = ROOT / "build" / "fork-tree"
+PATCHES_DIR = LINES_DIR / DEFAULT_LINE / "patches"
+DEV_TREE = LINES_DIR / DEFAULT_LINE / "trl-src"
+BUILD_TREE = LINES_DIR / DEFAULT_LINE / "build" / "fork-tree"
 
 # Bump when the way a tree is produced changes, so cached build trees are rebuilt.
 TOOL_REVISION = "1"
@@ -121,13 +122,35 @@ def patch_issues(patch_file: Path) -> tuple[int, ...]:
     return tuple(issues)
 
 
-def files_digest(salt: bytes, paths: Iterable[Path]):
-    """A sha256 seeded with ``salt``, fed with each path's name relative to the repository and its bytes (each
-    followed by a NUL byte): the state hashes of the proof records (``tools/prove.py``, ``tools/torch_lane.py``)."""
+def files_digest(salt: bytes, paths: Iterable[Path], relative_to: Path = ROOT):
+    """A sha256 seeded with ``salt``, fed with each path's name relative to ``relative_to`` (the repository, or a
+    line's project for what belongs to the line) and its bytes (each followed by a NUL byte): the state hashes of the
+    proof records (``tools/prove.py``, ``tools/torch_lane.py``)."""
     digest = hashlib.sha256(salt)
     for path in paths:
-        digest.update(path.relative_to(ROOT).as_posix().encode() + b"\0" + path.read_bytes() + b"\0")
+        digest.update(path.relative_to(relative_to).as_posix().encode() + b"\0" + path.read_bytes() + b"\0")
     return digest
+
+
+def line_pins(project: Path) -> str:
+    """What a line's ``setup.py`` pins, as canonical JSON: its module-level literals (the tested upper bounds, the
+    fork's extras) and its ``fork_setup(...)`` call (Python, package data ...), without comments, docstring or the
+    lines that find the build tools, so that a line can move in the repository without changing its pins."""
+    module = ast.parse((project / "setup.py").read_text())
+    literals, calls = {}, []
+    for node in module.body:
+        if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
+            try:
+                literals[node.targets[0].id] = ast.literal_eval(node.value)
+            except ValueError:
+                continue
+        elif isinstance(node, ast.Expr) and isinstance(node.value, ast.Call):
+            name = node.value.func
+            if isinstance(name, ast.Name) and name.id == "fork_setup":
+                calls.append(ast.dump(node.value, annotate_fields=True, include_attributes=False))
+    if len(calls) != 1:
+        raise BuildError(f"{project / 'setup.py'} must call fork_setup(...) once at module level")
+    return json.dumps({"literals": literals, "fork_setup": calls[0]}, sort_keys=True, default=repr)
 
 
 def fingerprint(patches_dir: Path = PATCHES_DIR, series: list[str] | None = None) -> str:
@@ -169,15 +192,15 @@ class Line:
 
 
 def known_lines() -> list[str]:
-    found = [path.parent.parent.name for path in LINES_DIR.glob("*/patches/base.json")] if LINES_DIR.is_dir() else []
-    return [DEFAULT_LINE, *sorted(found, key=lambda name: [int(x) for x in re.findall(r"\d+", name)])]
+    """The lines, the default first, then by version."""
+    found = [path.parent.parent.name for path in LINES_DIR.glob("*/patches/base.json")]
+    others = sorted((n for n in found if n != DEFAULT_LINE), key=lambda n: [int(x) for x in re.findall(r"\d+", n)])
+    return [DEFAULT_LINE, *others]
 
 
 def get_line(name: str | None = None) -> Line:
     """The line named ``name`` (a TRL version: ``0.16.1``, ``1.16.0``); None is the default line."""
     name = name or DEFAULT_LINE
-    if name == DEFAULT_LINE:
-        return Line(name, ROOT)
     project = LINES_DIR / name
     if not (project / "patches" / "base.json").is_file():
         raise BuildError(f"no line {name!r}: the lines are {', '.join(known_lines())}")
@@ -474,7 +497,7 @@ def check_roundtrip(patches_dir: Path = PATCHES_DIR) -> None:
             raise BuildError(f"materialize + export changes {', '.join(differing)}; run `make export` and commit")
 
 
-PR_DESCRIPTIONS = ROOT / "build" / "pr"
+PR_DESCRIPTIONS = LINES_DIR / DEFAULT_LINE / "build" / "pr"
 TRAILER = re.compile(r"^[A-Z][A-Za-z-]*: ")
 
 
@@ -811,7 +834,7 @@ def main(argv: list[str] | None = None) -> int:
             check_roundtrip(args.patches)
             log("round trip OK: materialize + export leaves patches/ byte-identical")
         elif args.command == "pr-branches":
-            descriptions = PR_DESCRIPTIONS if line.name == DEFAULT_LINE else line.build_dir / "pr"
+            descriptions = line.build_dir / "pr"
             for text in pr_branches(args.src, patches_dir=args.patches, descriptions=descriptions):
                 print(text)
         elif args.command == "lines":

@@ -1,10 +1,11 @@
 """What every line's ``setup.py`` shares: build the line's tree, bound its dependencies, call ``setup()``.
 
-Each line (the repository root for 0.16.1, ``lines/<version>/`` for the others) has a short ``setup.py`` that holds
-what is its own (the dependency bounds it was tested with, its description) and calls :func:`fork_setup`. Building
-(``pip install .``, ``pip install git+...[#subdirectory=lines/<version>]``) fetches the line's pinned sdist through
-pip, verifies its sha256, applies the line's ``patches/series`` (``tools/forkbuild.py``) and packages the result. An
-editable install points at the line's development tree (``trl-src/`` next to its ``setup.py``) instead.
+Each line (``lines/<version>/``) has a short ``setup.py`` that holds what is its own (the dependency bounds it was
+tested with, its description) and calls :func:`fork_setup`; the repository's root ``setup.py`` runs the default line's
+(``SETUP_DIR``). Building (``pip install .``, ``pip install git+...[#subdirectory=lines/<version>]``) fetches the
+line's pinned sdist through pip, verifies its sha256, applies the line's ``patches/series`` (``tools/forkbuild.py``)
+and packages the result. An editable install points at the line's development tree (``trl-src/`` next to its
+``setup.py``) instead.
 """
 
 from __future__ import annotations
@@ -19,6 +20,10 @@ from setuptools.command.editable_wheel import editable_wheel
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import forkbuild  # noqa: E402
+
+
+# The directory setup() runs in: the line's own folder, unless the root setup.py (the default line) says otherwise.
+SETUP_DIR: Path | None = None
 
 
 def bounded(requirement: str, bounds: dict[str, str]) -> str:
@@ -57,6 +62,7 @@ def fork_setup(
 ) -> None:
     """``setup()`` for the line whose ``setup.py`` lives in ``project``."""
     project = Path(project).resolve()
+    setup_dir = (SETUP_DIR or project).resolve()
     minimum = re.fullmatch(r">=\s*(\d+)\.(\d+)", python_requires.strip())
     if minimum and sys.version_info[:2] < (int(minimum.group(1)), int(minimum.group(2))):
         # pip runs setup.py before it reads python_requires from the metadata: say it here, in one line
@@ -75,7 +81,7 @@ def fork_setup(
 
         def finalize_options(self):
             tree = forkbuild.dev_tree(line.patches, line.dev_tree)
-            self.distribution.package_dir = {"": tree.relative_to(project).as_posix()}
+            self.distribution.package_dir = {"": tree.relative_to(setup_dir).as_posix()}
             self.distribution.packages = find_packages(str(tree), include=["trl", "trl.*"])
             super().finalize_options()
 
@@ -106,7 +112,7 @@ def fork_setup(
             "Intended Audience :: Science/Research",
             "Programming Language :: Python :: 3",
         ],
-        package_dir={"": tree.relative_to(project).as_posix()},
+        package_dir={"": tree.relative_to(setup_dir).as_posix()},
         packages=find_packages(str(tree), include=["trl", "trl.*"]),
         package_data=package_data,
         include_package_data=False,

@@ -67,34 +67,92 @@ def logs_dir() -> Path:
 
 
 PROVEN = "proven.json"
-PROOF_REVISION = "1"
+# 2: names relative to the line's project (a line can move in the repository) and the line's pins read from its
+# setup.py (forkbuild.line_pins) instead of the file's bytes.
+PROOF_REVISION = "2"
 
 
-def _salted_digest(*paths: Path):
-    """A sha256 salted with the revisions of tree building and proving, fed with each path's name and bytes."""
-    return forkbuild.files_digest(f"{forkbuild.TOOL_REVISION}/{PROOF_REVISION}".encode(), paths)
+def _salted_digest(line: forkbuild.Line, *paths: Path):
+    """A sha256 salted with the revisions of tree building and proving, fed with each path's name (relative to the
+    line's project) and bytes, then with the line's pins."""
+    digest = forkbuild.files_digest(
+        f"{forkbuild.TOOL_REVISION}/{PROOF_REVISION}".encode(), paths, relative_to=line.project
+    )
+    digest.update(forkbuild.line_pins(line.project).encode() + b"\0")
+    return digest
 
 
-def proof_state() -> str:
+def proof_state(line: forkbuild.Line | None = None) -> str:
     """A hash of everything the proof of the line depends on: the pinned base, the series, every patch (its tests
-    are inside it), the line's setup.py (dependency bounds) and the revision of the way trees are built
-    (``forkbuild.TOOL_REVISION``). Bump ``PROOF_REVISION`` when the way patches are proven changes."""
-    patches = [LINE.patches / name for name in forkbuild.read_series(LINE.patches)]
-    return _salted_digest(
-        LINE.patches / "base.json", LINE.patches / "series", *patches, LINE.project / "setup.py"
-    ).hexdigest()
+    are inside it), the line's pins in its setup.py (dependency bounds, extras, Python) and the revision of the way
+    trees are built (``forkbuild.TOOL_REVISION``). Bump ``PROOF_REVISION`` when the way patches are proven changes."""
+    line = line or LINE
+    patches = [line.patches / name for name in forkbuild.read_series(line.patches)]
+    return _salted_digest(line, line.patches / "base.json", line.patches / "series", *patches).hexdigest()
 
 
-def patch_states() -> dict[str, str]:
-    """Per patch, a hash of what the proof of that patch alone depends on: the pinned base, the line's dependency
-    bounds, the revisions, and every patch of the series up to it, in order (the tree before it and the tree with
-    it). A change to a patch changes its state and those of the patches after it, never those before it."""
-    digest = _salted_digest(LINE.patches / "base.json", LINE.project / "setup.py")
+def patch_states(line: forkbuild.Line | None = None) -> dict[str, str]:
+    """Per patch, a hash of what the proof of that patch alone depends on: the pinned base, the line's pins, the
+    revisions, and every patch of the series up to it, in order (the tree before it and the tree with it). A change
+    to a patch changes its state and those of the patches after it, never those before it."""
+    line = line or LINE
+    digest = _salted_digest(line, line.patches / "base.json")
     states = {}
-    for name in forkbuild.read_series(LINE.patches):
-        digest.update(name.encode() + b"\0" + (LINE.patches / name).read_bytes() + b"\0")
+    for name in forkbuild.read_series(line.patches):
+        digest.update(name.encode() + b"\0" + (line.patches / name).read_bytes() + b"\0")
         states[name] = digest.copy().hexdigest()
     return states
+
+
+def carry_over(revision: str) -> int:
+    """Re-key the line's record after a change to the way states are computed (``PROOF_REVISION``), or a move of the
+    line in the repository: ``revision`` (a commit whose record is the current one) must be proven by its own
+    tools, and the line's base, series, patches and pins must be byte-identical there and here. Then the record's
+    proof stands, and only its hashes are recomputed; anything else fails and the line is proven again."""
+    record = recorded_proof()
+    with tempfile.TemporaryDirectory(prefix="trl-carry-") as tmp:
+        worktree = Path(tmp) / "tree"
+        subprocess.run(
+            ["git", "-C", str(forkbuild.ROOT), "worktree", "add", "--quiet", "--detach", str(worktree), revision],
+            check=True,
+        )
+        try:
+            then = worktree / "lines" / LINE.name
+            if not (then / "patches" / "base.json").is_file():
+                then = worktree  # the layout before every line had its folder: the root was the 0.16.1 line
+            old_record = (
+                json.loads((then / "patches" / PROVEN).read_text()) if (then / "patches" / PROVEN).is_file() else {}
+            )
+            script = (
+                "import json, sys; sys.path.insert(0, 'tools'); import forkbuild, prove; "
+                f"prove.LINE = forkbuild.get_line({LINE.name!r}); print(json.dumps(prove.proof_state()))"
+            )
+            then_state = json.loads(
+                subprocess.run([sys.executable, "-c", script], cwd=worktree, capture_output=True, check=True).stdout
+            )
+            problems = []
+            if not old_record or old_record.get("state") != then_state:
+                problems.append(f"{revision} is not proven by its own record")
+            if {k: v for k, v in old_record.items() if k not in ("state", "patch_states")} != {
+                k: v for k, v in record.items() if k not in ("state", "patch_states", "carried_over")
+            }:
+                problems.append(f"the record here is not the one of {revision}")
+            then_line = forkbuild.Line(LINE.name, then)
+            if proof_state(then_line) != proof_state():
+                problems.append(f"the base, series, patches or pins differ between {revision} and here")
+        finally:
+            subprocess.run(["git", "-C", str(forkbuild.ROOT), "worktree", "remove", "--force", str(worktree)])
+    if problems:
+        print(f"[prove] {LINE.name} line: not carried over: {'; '.join(problems)}", file=sys.stderr)
+        return 1
+    commit = subprocess.run(
+        ["git", "-C", str(forkbuild.ROOT), "rev-parse", "--short", revision], capture_output=True, text=True
+    ).stdout.strip()
+    record.update(state=proof_state(), patch_states=patch_states())
+    record["carried_over"] = {"from": commit, "on": datetime.date.today().isoformat()}
+    (LINE.patches / PROVEN).write_text(json.dumps(record, indent=1) + "\n")
+    print(f"[prove] {LINE.name} line: the proof of {commit} carried over (same content, new hashes): commit it")
+    return 0
 
 
 def recorded_proof() -> dict:
@@ -204,7 +262,7 @@ def _outside_the_tree(tree: Path, stem: str, tests: dict) -> list[str]:
     from patch 0005), pytest puts the directory above it first on ``sys.path``: run in place, the tests would import
     the patched ``trl`` of ``tree`` instead of the tree under test (``PYTHONPATH``). Without a package the copy runs
     exactly as the files in place do."""
-    scratch = forkbuild.ROOT / "build" / "prove-tests" / LINE.name / stem
+    scratch = LINE.build_dir / "prove-tests" / stem
     shutil.rmtree(scratch, ignore_errors=True)
     shutil.copytree(tree / "tests", scratch / "tests")
     return [str(scratch / path) for path in tests]
@@ -324,13 +382,17 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--against-base", action="store_true", help="run each patch's tests on the pristine base instead")
     p.add_argument("--skip-if-proven", action="store_true", help="skip when patches/proven.json matches (CI)")
     p.add_argument("pytest_args", nargs=argparse.REMAINDER)
+    p = sub.add_parser("carry-over", help="re-key the record of REVISION after the line moved or the hashing changed")
+    p.add_argument("--from", dest="revision", required=True, help="a commit proven with the same content")
     args = parser.parse_args(argv)
-    extra = [a for a in args.pytest_args if a != "--"]
+    extra = [a for a in getattr(args, "pytest_args", []) if a != "--"]
     global LINE
     try:
         LINE = forkbuild.get_line(args.line)
         if args.command == "run":
             return run_pytest(tree_for(args.tree), extra)
+        if args.command == "carry-over":
+            return carry_over(args.revision)
         return table(args.matrix, extra, against_base=args.against_base, skip_if_proven=args.skip_if_proven)
     except forkbuild.BuildError as exc:
         print(f"error: {exc}", file=sys.stderr)

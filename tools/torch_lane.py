@@ -1,7 +1,7 @@
 """The torch 2.6.0 lane (#13): the fork's tests on the torch that vLLM 0.8.x pins (docs/torch_versions.md).
 
-    make test-torch26                                   # creates .venv-torch26 (torch 2.6.0), then runs this
-    .venv-torch26/bin/python tools/torch_lane.py [pytest args, e.g. -k fsdp1]
+    make test-torch26 LINE=0.16.1                       # creates lines/0.16.1/.venv-torch26 (torch 2.6.0), then this
+    lines/0.16.1/.venv-torch26/bin/python tools/torch_lane.py [pytest args, e.g. -k fsdp1]
 
 One pytest session, in this interpreter, over
 
@@ -9,7 +9,7 @@ One pytest session, in this interpreter, over
 - the patches' own tests (the test files the series adds or changes, inside the fork tree),
 - the matrix cells of ``LANE_CELLS`` (``tests/dist/test_matrix.py``, all four checks of each launch),
 
-with ``PYTHONPATH`` set to ``build/trees/upto-NNNN`` (base + ``patches/series``, rebuilt by
+with ``PYTHONPATH`` set to the 0.16.1 line's ``build/trees/upto-NNNN`` (base + ``patches/series``, rebuilt by
 ``tools/prove.py`` when the series changes), so the test process and every worker that ``accelerate launch``
 starts import the fork as ``patches/`` builds it: never ``trl-src/`` nor a copy installed in the venv.
 
@@ -20,7 +20,7 @@ attribute 'record_event'``). While the running torch lacks it, the FSDP2 matrix 
 list cannot silently go stale. FSDP2 tests that run no FSDP2 forward (the weight sync's ``test_fsdp2``) still run.
 
 A whole lane that passes, run as CI runs it (no pytest arguments, no ``PYTEST_ADDOPTS`` or ``TRL_HARNESS_*`` in the
-environment), records its state in ``patches/torch26_proven.json``: a hash of every file git tracks except the
+environment), records its state in ``lines/0.16.1/patches/torch26_proven.json``: a hash of every file git tracks except the
 documentation folders and the proof records (``_hashed_files``), of the torch requirement and of the Python version.
 ``--is-proven`` (CI, through ``make test-torch26 LANE_SKIP_IF_PROVEN=1``) exits 0 when the current state hashes to
 that record, byte for byte, and the record is at most ``MAX_AGE_DAYS`` old, so that CI does not re-prove what has not
@@ -44,6 +44,9 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import forkbuild  # noqa: E402
 import prove  # noqa: E402
+
+
+LINE = prove.LINE = forkbuild.get_line("0.16.1")  # the lane runs the 0.16.1 line (vLLM 0.8.x's torch)
 
 
 # Matrix cells (trainer, backend) the lane launches. The whole CPU matrix without FSDP2 is 25 launches of ~25 s,
@@ -210,20 +213,20 @@ def lane_state(torch_requirement: str) -> str:
 
 
 def is_proven(torch_requirement: str) -> int:
-    path = forkbuild.ROOT / "patches" / PROVEN
+    path = LINE.patches / PROVEN
     record = json.loads(path.read_text()) if path.is_file() else {}
     age = None
     if record.get("proven_on"):
         age = (datetime.date.today() - datetime.date.fromisoformat(record["proven_on"])).days
     if record.get("state") != lane_state(torch_requirement):
-        print(f"torch lane: the state differs from patches/{PROVEN}: running the lane")  # noqa: T201
+        print(f"torch lane: the state differs from lines/0.16.1/patches/{PROVEN}: running the lane")  # noqa: T201
         return 1
     if age is None or age > MAX_AGE_DAYS:
-        print(f"torch lane: patches/{PROVEN} is {age} days old (> {MAX_AGE_DAYS}): running the lane")  # noqa: T201
+        print(f"torch lane: lines/0.16.1/patches/{PROVEN} is {age} days old (> {MAX_AGE_DAYS}): running the lane")  # noqa: T201
         return 1
     print(  # noqa: T201
         f"torch lane: skipped, byte-identical to the state it passed on {record['proven_on']} "
-        f"(torch {record['torch']}, {record['summary']}, {record['seconds']} s; patches/{PROVEN})"
+        f"(torch {record['torch']}, {record['summary']}, {record['seconds']} s; lines/0.16.1/patches/{PROVEN})"
     )
     return 0
 
@@ -238,8 +241,8 @@ def record(seconds: float, summary: str, state: str) -> None:
         "summary": summary,
         "seconds": round(seconds),
     }
-    (forkbuild.ROOT / "patches" / PROVEN).write_text(json.dumps(entry, indent=1) + "\n")
-    print(f"torch lane: recorded the passing state in patches/{PROVEN}: commit it")  # noqa: T201
+    (LINE.patches / PROVEN).write_text(json.dumps(entry, indent=1) + "\n")
+    print(f"torch lane: recorded the passing state in lines/0.16.1/patches/{PROVEN}: commit it")  # noqa: T201
 
 
 class _Counts:
@@ -285,7 +288,7 @@ def main(argv: list[str]) -> int:
     isolated_done = []
     for path in isolated:  # own process; its exit code 5 (nothing collected) fails the lane like any other
         print(f"\n[torch lane] {path.name} in a process of its own", flush=True)
-        junit = forkbuild.ROOT / "build" / f"torch-lane-{path.stem}.xml"
+        junit = LINE.build_dir / f"torch-lane-{path.stem}.xml"
         junit.parent.mkdir(parents=True, exist_ok=True)
         command = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-m", "not gpu", f"--junitxml={junit}"]
         result = subprocess.run([*command, str(path)])

@@ -34,6 +34,9 @@ import forkbuild  # noqa: E402
 import prove  # noqa: E402
 
 
+prove.LINE = forkbuild.get_line("0.16.1")  # TRL 0.16.1's own suite: the 0.16.1 line's trees
+
+
 PLUGIN_DIR = forkbuild.ROOT / "tests" / "upstream"
 
 # The files of the trainers and helpers the series touches: each must run (some passing test) on both trees.

@@ -17,6 +17,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tools"))
 
+import forkbuild  # noqa: E402
 import prove  # noqa: E402
 
 
@@ -25,7 +26,7 @@ from harness.cli_options import added, dump_tree, problems  # noqa: E402
 
 
 def dump(tree: str, tmp_path: Path) -> dict:
-    return dump_tree(prove.tree_for(tree), tmp_path / f"{tree}.json")
+    return dump_tree(prove.tree_for(tree, forkbuild.get_line("0.16.1")), tmp_path / f"{tree}.json")
 
 
 @pytest.fixture(scope="module")

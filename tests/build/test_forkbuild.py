@@ -17,9 +17,10 @@ sys.path.insert(0, str(ROOT / "tools"))
 import forkbuild  # noqa: E402
 
 
-TOOL = [sys.executable, str(ROOT / "tools" / "forkbuild.py")]
-BASE = forkbuild.load_base()
-SERIES = forkbuild.read_series()
+TOOL = [sys.executable, str(ROOT / "tools" / "forkbuild.py"), "--line", "0.16.1"]
+LINE = forkbuild.get_line("0.16.1")  # the tools' tests run on the 0.16.1 line (its venv); test_lines.py covers both
+BASE = forkbuild.load_base(LINE.patches)
+SERIES = forkbuild.read_series(LINE.patches)
 # Every patch of every line (the checks on patch form apply to all of them)
 ALL_PATCHES = [
     forkbuild.get_line(line).patches / name
@@ -52,7 +53,7 @@ def sdist() -> Path:
 @pytest.fixture()
 def patches_copy(tmp_path) -> Path:
     copy = tmp_path / "patches"
-    shutil.copytree(ROOT / "patches", copy)
+    shutil.copytree(LINE.patches, copy)
     return copy
 
 
@@ -109,12 +110,12 @@ def test_corrupt_cache_entry_is_not_used(tmp_path, sdist):
 
 
 def test_materialized_tree_is_base_commit_plus_one_commit_per_patch(tmp_path):
-    tree = forkbuild.materialize(tmp_path / "tree")
+    tree = forkbuild.materialize(tmp_path / "tree", patches_dir=LINE.patches)
     log = forkbuild.git(tree, "log", "--reverse", "--format=%s", f"{BASE.tag}~0..HEAD").stdout.splitlines()
     assert len(log) == len(SERIES)
     assert forkbuild.git(tree, "log", "-1", "--format=%s", BASE.tag).stdout.strip() == "trl 0.16.1 (pristine sdist)"
     for subject, name in zip(log, SERIES):
-        header = (ROOT / "patches" / name).read_text().split("\n---\n", 1)[0]
+        header = (LINE.patches / name).read_text().split("\n---\n", 1)[0]
         assert f"Subject: [PATCH] {subject}" in header.replace("\n ", " ")
     assert forkbuild.git(tree, "status", "--porcelain").stdout == "", "generated files must be git-ignored"
     info = (tree / "trl" / "_fork_info.py").read_text()
@@ -124,7 +125,7 @@ def test_materialized_tree_is_base_commit_plus_one_commit_per_patch(tmp_path):
 
 
 def test_pristine_base_has_no_fork_info(tmp_path, sdist):
-    tree = forkbuild.materialize(tmp_path / "base", upto=0, fork_info=False)
+    tree = forkbuild.materialize(tmp_path / "base", patches_dir=LINE.patches, upto=0, fork_info=False)
     assert not (tree / "trl" / "_fork_info.py").exists()
     assert 'version__ = "0.16.1"' in (tree / "trl" / "__init__.py").read_text()
 
@@ -183,7 +184,7 @@ def test_series_naming_a_missing_patch_is_an_error(tmp_path, patches_copy):
 
 
 def test_round_trip_leaves_patches_byte_identical():
-    forkbuild.check_roundtrip()
+    forkbuild.check_roundtrip(LINE.patches)
 
 
 def test_edit_commit_export_adds_a_patch_that_materializes_again(tmp_path, patches_copy):
@@ -209,8 +210,8 @@ def test_export_refuses_uncommitted_changes(tmp_path, patches_copy):
 
 
 def test_pr_branches(tmp_path):
-    tree = forkbuild.materialize(tmp_path / "tree")
-    report = forkbuild.pr_branches(tree, descriptions=tmp_path / "pr")
+    tree = forkbuild.materialize(tmp_path / "tree", patches_dir=LINE.patches)
+    report = forkbuild.pr_branches(tree, patches_dir=LINE.patches, descriptions=tmp_path / "pr")
     descriptions = sorted((tmp_path / "pr").glob("*.md"))
     assert len(descriptions) == len(SERIES)
     for index, path in enumerate(descriptions, start=1):
@@ -286,10 +287,10 @@ def test_git_tracks_no_upstream_source():
 
 def test_dependencies_have_tested_upper_bounds(tmp_path):
     sys.path.insert(0, str(ROOT))
-    tree = forkbuild.materialize(tmp_path / "tree")
+    tree = forkbuild.materialize(tmp_path / "tree", patches_dir=LINE.patches)
     metadata = forkbuild.upstream_metadata(tree)
     assert metadata["__version__"] == BASE.version
-    source = (ROOT / "setup.py").read_text()
+    source = (LINE.project / "setup.py").read_text()
     for name in ("transformers", "accelerate", "datasets", "peft", "deepspeed", "vllm"):
         assert re.search(rf'"{name}": "<[\d.]+"', source), f"no tested upper bound for {name}"
     # the extra's lower bound comes from the series (patch 0002), the upper one from setup.py
@@ -303,13 +304,13 @@ def test_dependencies_have_tested_upper_bounds(tmp_path):
 def built(tmp_path, monkeypatch, sdist):
     """A build tree of the base + the first patch, as `pip install .` leaves it in build/fork-tree."""
     monkeypatch.delenv("TRL_FORK_SDIST", raising=False)
-    tree = forkbuild.build_tree(dest=tmp_path / "fork-tree", upto=1)
+    tree = forkbuild.build_tree(LINE.patches, dest=tmp_path / "fork-tree", upto=1)
     (tree / "sentinel").write_text("gone when the tree is rebuilt\n")  # untracked: ignored by the checks
     return tree
 
 
 def test_build_tree_is_reused_when_nothing_changed(built, capsys):
-    assert forkbuild.build_tree(dest=built, upto=1) == built
+    assert forkbuild.build_tree(LINE.patches, dest=built, upto=1) == built
     assert (built / "sentinel").exists()
     assert (
         f"reusing {built}: {BASE.sdist} (sha256 {BASE.sha256[:12]}) + 1 patch(es), verified" in capsys.readouterr().err
@@ -321,7 +322,7 @@ def test_build_tree_with_an_edited_file_is_rebuilt(built, capsys):
     init = built / "trl" / "__init__.py"
     pristine = init.read_text()
     init.write_text(pristine + "EDITED = True\n")
-    forkbuild.build_tree(dest=built, upto=1)
+    forkbuild.build_tree(LINE.patches, dest=built, upto=1)
     assert init.read_text() == pristine and not (built / "sentinel").exists()
     assert "files were changed there since it was built: trl/__init__.py" in capsys.readouterr().err
 
@@ -329,7 +330,7 @@ def test_build_tree_with_an_edited_file_is_rebuilt(built, capsys):
 def test_build_tree_ignores_the_egg_info_a_build_rewrites(built):
     pkg_info = built / "trl.egg-info" / "PKG-INFO"
     pkg_info.write_text(pkg_info.read_text() + "Written-By: setuptools\n")
-    forkbuild.build_tree(dest=built, upto=1)
+    forkbuild.build_tree(LINE.patches, dest=built, upto=1)
     assert (built / "sentinel").exists()
 
 
@@ -337,7 +338,7 @@ def test_build_tree_with_other_commits_is_rebuilt(built):
     (built / "trl" / "extra.py").write_text("x = 1\n")
     forkbuild.git(built, "add", "trl/extra.py")
     forkbuild.git(built, "commit", "--quiet", "-m", "an extra commit")
-    forkbuild.build_tree(dest=built, upto=1)
+    forkbuild.build_tree(LINE.patches, dest=built, upto=1)
     assert not (built / "trl" / "extra.py").exists()
 
 
@@ -345,7 +346,7 @@ def test_build_tree_from_another_sdist_is_rebuilt(built, capsys):
     record = json.loads((built / forkbuild.BUILD_RECORD).read_text())
     assert record["sdist_sha256"] == BASE.sha256 and record["patches"] == 1
     (built / forkbuild.BUILD_RECORD).write_text(json.dumps(dict(record, sdist_sha256="0" * 64)))
-    forkbuild.build_tree(dest=built, upto=1)
+    forkbuild.build_tree(LINE.patches, dest=built, upto=1)
     assert not (built / "sentinel").exists()
     assert "built from an sdist with sha256 " + "0" * 64 in capsys.readouterr().err
 
@@ -353,7 +354,7 @@ def test_build_tree_from_another_sdist_is_rebuilt(built, capsys):
 def test_build_tree_without_a_record_is_rebuilt(built):
     """A tree made before records were kept (or by hand) cannot be checked: it is rebuilt."""
     (built / forkbuild.BUILD_RECORD).unlink()
-    forkbuild.build_tree(dest=built, upto=1)
+    forkbuild.build_tree(LINE.patches, dest=built, upto=1)
     assert not (built / "sentinel").exists() and (built / forkbuild.BUILD_RECORD).is_file()
 
 
@@ -363,12 +364,12 @@ def test_reused_build_tree_still_verifies_trl_fork_sdist(built, tmp_path, monkey
     corrupt.write_bytes(sdist.read_bytes() + b"\0")
     monkeypatch.setenv("TRL_FORK_SDIST", str(corrupt))
     with pytest.raises(forkbuild.BuildError, match="refusing to build on an unverified base"):
-        forkbuild.build_tree(dest=built, upto=1)
+        forkbuild.build_tree(LINE.patches, dest=built, upto=1)
     monkeypatch.setenv("TRL_FORK_SDIST", str(tmp_path / "missing.tar.gz"))
     with pytest.raises(forkbuild.BuildError, match="does not exist"):
-        forkbuild.build_tree(dest=built, upto=1)
+        forkbuild.build_tree(LINE.patches, dest=built, upto=1)
     monkeypatch.setenv("TRL_FORK_SDIST", str(sdist))  # the right file: the tree is reused
-    forkbuild.build_tree(dest=built, upto=1)
+    forkbuild.build_tree(LINE.patches, dest=built, upto=1)
     assert (built / "sentinel").exists()
 
 
@@ -377,8 +378,21 @@ def test_reused_build_tree_still_verifies_trl_fork_sdist(built, tmp_path, monkey
 
 @pytest.mark.build
 def test_wheel_from_fresh_clone(clone, tmp_path):
-    series = forkbuild.read_series(clone / "patches")
-    run([sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "-w", str(tmp_path), str(clone)], check=True)
+    series = forkbuild.read_series(clone / "lines" / "0.16.1" / "patches")
+    run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "--quiet",
+            "--no-deps",
+            "-w",
+            str(tmp_path),
+            str(clone / "lines" / "0.16.1"),
+        ],
+        check=True,
+    )
     (wheel,) = tmp_path.glob("trl-*.whl")
     version = f"0.16.1+fork.{len(series)}"
     assert wheel.name.startswith(f"trl-{version}-")
@@ -411,25 +425,38 @@ def test_wheel_from_fresh_clone(clone, tmp_path):
 def test_editable_install_points_at_the_development_tree(clone, tmp_path):
     venv = tmp_path / "venv"
     run([sys.executable, "-m", "venv", str(venv)], check=True)
-    run([str(venv / "bin" / "python"), "-m", "pip", "install", "--quiet", "--no-deps", "-e", str(clone)], check=True)
+    run(
+        [
+            str(venv / "bin" / "python"),
+            "-m",
+            "pip",
+            "install",
+            "--quiet",
+            "--no-deps",
+            "-e",
+            str(clone / "lines" / "0.16.1"),
+        ],
+        check=True,
+    )
     code = "import importlib.util; print(importlib.util.find_spec('trl').origin)"
     origin = run([str(venv / "bin" / "python"), "-c", code], check=True).stdout.strip()
-    assert origin == str(clone / "trl-src" / "trl" / "__init__.py")
-    assert (clone / "trl-src" / ".git").is_dir()  # the development tree is a git repo to edit
+    assert origin == str(clone / "lines" / "0.16.1" / "trl-src" / "trl" / "__init__.py")
+    assert (clone / "lines" / "0.16.1" / "trl-src" / ".git").is_dir()  # the development tree is a git repo to edit
 
 
 @pytest.mark.build
 @pytest.mark.slow
 def test_pip_install_git_url_in_a_fresh_venv(clone, tmp_path):
-    """What users do: `pip install git+<fork>` into a new environment, then the `trl` CLI."""
+    """What users of the 0.16.1 line do: `pip install git+<fork>#subdirectory=lines/0.16.1` into a new environment,
+    then the `trl` CLI."""
     venv = tmp_path / "venv"
     pip = [str(venv / "bin" / "python"), "-m", "pip", "install", "--quiet"]
     run([sys.executable, "-m", "venv", str(venv)], check=True)
     run([*pip, "torch==2.13.0"], check=True)  # the CPU build; README says so for this machine
-    run([*pip, f"git+file://{clone}"], check=True)  # what users type, with their URL
+    run([*pip, f"git+file://{clone}#subdirectory=lines/0.16.1"], check=True)  # what users type, with their URL
     trl = str(venv / "bin" / "trl")
     env_out = run([trl, "env"], check=True).stdout
-    series = forkbuild.read_series(clone / "patches")
+    series = forkbuild.read_series(clone / "lines" / "0.16.1" / "patches")
     assert f"- TRL version: 0.16.1+fork.{len(series)}" in env_out
     assert all(f"  - {name}" in env_out for name in series)
     assert "--num_generations" in run([trl, "grpo", "--help"], check=True).stdout
@@ -445,23 +472,37 @@ def test_wheel_rebuilt_from_a_stale_build_tree(tmp_path, sdist):
     clone = tmp_path / "trl-fork"
     run(["git", "clone", "--quiet", "--no-local", str(ROOT), str(clone)], check=True)
     wheel = [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-w"]
-    run([*wheel, str(tmp_path / "first"), str(clone)], env={"TRL_FORK_SDIST": str(sdist)}, check=True)
-    tree = clone / "build" / "fork-tree"
+    run(
+        [*wheel, str(tmp_path / "first"), str(clone / "lines" / "0.16.1")],
+        env={"TRL_FORK_SDIST": str(sdist)},
+        check=True,
+    )
+    tree = clone / "lines" / "0.16.1" / "build" / "fork-tree"
     (tree / "trl" / "__init__.py").write_text((tree / "trl" / "__init__.py").read_text() + "STALE = True\n")
 
     corrupt = tmp_path / BASE.sdist
     corrupt.write_bytes(sdist.read_bytes() + b"\0")
-    failed = run([*wheel, str(tmp_path / "bad"), str(clone)], env={"TRL_FORK_SDIST": str(corrupt)})
+    failed = run(
+        [*wheel, str(tmp_path / "bad"), str(clone / "lines" / "0.16.1")], env={"TRL_FORK_SDIST": str(corrupt)}
+    )
     assert failed.returncode != 0 and "refusing to build on an unverified base" in failed.stdout + failed.stderr
     assert not list(tmp_path.glob("bad/*.whl"))
 
-    built = run([*wheel, str(tmp_path / "second"), str(clone), "-v"], env={"TRL_FORK_SDIST": str(sdist)}, check=True)
+    built = run(
+        [*wheel, str(tmp_path / "second"), str(clone / "lines" / "0.16.1"), "-v"],
+        env={"TRL_FORK_SDIST": str(sdist)},
+        check=True,
+    )
     assert "files were changed there since it was built: trl/__init__.py" in built.stdout + built.stderr
     (second,) = (tmp_path / "second").glob("trl-*.whl")
     with zipfile.ZipFile(second) as archive:
         assert b"STALE" not in archive.read("trl/__init__.py")
     # nothing changed since: reused (the build's own rewrite of trl.egg-info/ in the tree is no edit)
-    again = run([*wheel, str(tmp_path / "third"), str(clone), "-v"], env={"TRL_FORK_SDIST": str(sdist)}, check=True)
+    again = run(
+        [*wheel, str(tmp_path / "third"), str(clone / "lines" / "0.16.1"), "-v"],
+        env={"TRL_FORK_SDIST": str(sdist)},
+        check=True,
+    )
     assert f"reusing {tree}" in again.stderr + again.stdout and "rebuilding" not in again.stderr + again.stdout
 
 

@@ -29,19 +29,30 @@ def run(command, *, env=None, cwd=None, check=False):
 
 
 def test_lines_are_listed_with_their_projects():
-    assert forkbuild.known_lines()[:2] == ["0.16.1", NEW]
-    assert forkbuild.get_line().project == ROOT and forkbuild.get_line("0.16.1").patches == ROOT / "patches"
+    assert forkbuild.known_lines()[:2] == [NEW, "0.16.1"]  # the default line first
+    assert forkbuild.get_line().project == ROOT / "lines" / NEW and forkbuild.DEFAULT_LINE == NEW
+    assert forkbuild.get_line("0.16.1").patches == ROOT / "lines" / "0.16.1" / "patches"
     line = forkbuild.get_line(NEW)
     assert line.project == ROOT / "lines" / NEW and line.dev_tree == ROOT / "lines" / NEW / "trl-src"
     assert forkbuild.load_base(line.patches).version == NEW
     listed = run([*TOOL, "lines"], check=True).stdout.splitlines()
-    assert listed[0].split("\t")[:2] == ["0.16.1", "."] and listed[1].split("\t")[:2] == [NEW, f"lines/{NEW}"]
+    assert [entry.split("\t")[:2] for entry in listed[:2]] == [[NEW, f"lines/{NEW}"], ["0.16.1", "lines/0.16.1"]]
+
+
+def test_every_line_has_the_same_shape():
+    """Each line is a folder of lines/ with its own setup.py, pyproject.toml, patches/ and tests/; the root installs
+    the default line."""
+    for name in forkbuild.known_lines():
+        project = forkbuild.get_line(name).project
+        for part in ("setup.py", "pyproject.toml", "patches/base.json", "patches/series"):
+            assert (project / part).is_file(), f"{name} line: no {part}"
+    assert not (ROOT / "patches").exists() and "runpy.run_path" in (ROOT / "setup.py").read_text()
 
 
 def test_unknown_line_is_one_clear_error():
     result = run([*TOOL, "--line", "9.9.9", "info"])
     assert result.returncode == 1
-    assert result.stderr.strip() == f"error: no line '9.9.9': the lines are 0.16.1, {NEW}"
+    assert result.stderr.strip() == f"error: no line '9.9.9': the lines are {NEW}, 0.16.1"
 
 
 def test_each_line_pins_its_own_registry_sdist():
@@ -136,20 +147,60 @@ def test_proof_record_is_skipped_only_for_the_identical_state(tmp_path, monkeypa
     (copy / "setup.py").write_bytes((line.project / "setup.py").read_bytes().replace(b'"<5.25"', b'"<5.26"'))
     last.write_bytes(last.read_bytes()[:-1])
     assert prove.proof_state() != state
+    # a comment, or the line's folder, is not what the proof depends on
+    (copy / "setup.py").write_bytes((line.project / "setup.py").read_bytes() + b"# a comment\n")
+    assert prove.proof_state() == state
+    moved = tmp_path / "elsewhere"
+    copy.rename(moved)
+    assert prove.proof_state(forkbuild.Line(NEW, moved)) == state
+
+
+def test_carry_over_keeps_a_proof_only_for_the_same_content(tmp_path, monkeypatch, capsys):
+    """`prove.py carry-over --from REV` re-keys a record only when REV was proven (by its own tools) and the line's
+    base, series, patches and pins are the same here: a moved line keeps its proof, a changed patch does not."""
+    repo, line = tmp_path / "repo", forkbuild.get_line(NEW)
+    copy = repo / "lines" / NEW
+    (copy / "patches").mkdir(parents=True)
+    for name in ("base.json", "series", *forkbuild.read_series(line.patches)[:2]):
+        (copy / "patches" / name).write_bytes((line.patches / name).read_bytes())
+    (copy / "patches" / "series").write_text("\n".join(forkbuild.read_series(line.patches)[:2]) + "\n")
+    (copy / "setup.py").write_bytes((line.project / "setup.py").read_bytes())
+    (repo / "tools").mkdir()
+    for path in (ROOT / "tools").glob("*.py"):
+        (repo / "tools" / path.name).write_bytes(path.read_bytes())
+    monkeypatch.setattr(forkbuild, "ROOT", repo)
+    monkeypatch.setattr(forkbuild, "LINES_DIR", repo / "lines")
+    monkeypatch.setattr(prove, "LINE", forkbuild.Line(NEW, copy))
+    (copy / "patches" / prove.PROVEN).write_text(json.dumps({"state": prove.proof_state(), "patches": 2}))
+    git = ["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@t"]
+    run([*git, "init", "-q"], check=True)
+    run([*git, "add", "-A"], check=True)
+    run([*git, "commit", "-qm", "proven"], check=True)
+    # the same content (here: a moved tool, nothing of the line's): carried over, marked as such
+    assert prove.carry_over("HEAD") == 0
+    record = json.loads((copy / "patches" / prove.PROVEN).read_text())
+    assert record["state"] == prove.proof_state() and "carried_over" in record
+    # a changed patch: refused, the record stays as it was
+    before = (copy / "patches" / prove.PROVEN).read_bytes()
+    patch = copy / "patches" / forkbuild.read_series(copy / "patches")[-1]
+    patch.write_bytes(patch.read_bytes() + b"\n")
+    assert prove.carry_over("HEAD") == 1
+    assert "differ between HEAD and here" in capsys.readouterr().err
+    assert (copy / "patches" / prove.PROVEN).read_bytes() == before
 
 
 def test_committed_proof_records_match_the_committed_series():
     """A stale record makes CI prove in full (never skip wrongly); this tells the developer to record it again."""
+    previous = prove.LINE
     for name in forkbuild.known_lines():
-        monkeypatched = forkbuild.get_line(name)
-        prove.LINE = monkeypatched
+        prove.LINE = forkbuild.get_line(name)
         try:
             record = prove.recorded_proof()
             assert record.get("state") == prove.proof_state(), (
                 f"{name} line: patches/proven.json does not match; run `make prove LINE={name}` and commit it"
             )
         finally:
-            prove.LINE = forkbuild.get_line()
+            prove.LINE = previous
 
 
 # ------------------------------------------------------------------------------------ builds from a clone
@@ -189,7 +240,8 @@ def test_new_line_wheel_from_fresh_clone(clone, tmp_path):
 def test_pip_cache_never_serves_one_line_for_the_other(clone, tmp_path):
     """Both lines from the same commit, through one pip cache: each install gets its own line's wheel."""
     sha = run(["git", "-C", str(clone), "rev-parse", "HEAD"], check=True).stdout.strip()
-    urls = {"0.16.1": f"git+file://{clone}@{sha}", NEW: f"git+file://{clone}@{sha}#subdirectory=lines/{NEW}"}
+    # the bare URL builds the default line (the root's setup.py), the 0.16.1 line has its subdirectory
+    urls = {"0.16.1": f"git+file://{clone}@{sha}#subdirectory=lines/0.16.1", NEW: f"git+file://{clone}@{sha}"}
     cache = tmp_path / "pip-cache"
     for attempt in range(2):  # the second round is served from the cache
         for name, url in urls.items():
@@ -217,13 +269,14 @@ def test_pip_cache_never_serves_one_line_for_the_other(clone, tmp_path):
 @pytest.mark.build
 @pytest.mark.slow
 def test_readme_install_command_of_the_new_line_in_a_fresh_venv(clone, tmp_path):
-    """README's command for the 1.16.0 line, in a new environment with torch installed first."""
+    """README's first command: the bare URL installs the 1.16.0 line, in a new environment with torch installed
+    first, and keeps transformers 5.x."""
     venv = tmp_path / "venv"
     pip = [str(venv / "bin" / "python"), "-m", "pip", "install", "--quiet"]
     run([sys.executable, "-m", "venv", str(venv)], check=True)
     run([*pip, "torch==2.13.0"], check=True)
     # `file://localhost/...`: the pip a new venv bundles (23.x) rejects `name @ file:///...` (no host) as a URL
-    run([*pip, f"trl[deepspeed,peft] @ git+file://localhost{clone}#subdirectory=lines/{NEW}"], check=True)
+    run([*pip, f"trl[deepspeed,peft] @ git+file://localhost{clone}"], check=True)
     series = forkbuild.read_series(clone / "lines" / NEW / "patches")
     out = run([str(venv / "bin" / "python"), "-c", "import trl; print(trl.__version__)"], check=True).stdout.strip()
     assert out == f"{NEW}+fork.{len(series)}"

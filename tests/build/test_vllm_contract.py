@@ -297,7 +297,7 @@ def fetch_sources(requirement: str) -> tuple[str, Path]:
 
 def upper_bound_in_setup() -> str:
     """TESTED_UPPER_BOUNDS["vllm"] from setup.py (read, not imported: importing setup.py builds the fork)."""
-    tree = ast.parse((ROOT / "setup.py").read_text())
+    tree = ast.parse((ROOT / "lines" / "0.16.1" / "setup.py").read_text())
     for node in tree.body:
         if isinstance(node, ast.Assign) and getattr(node.targets[0], "id", None) == "TESTED_UPPER_BOUNDS":
             return ast.literal_eval(node.value)["vllm"]
