@@ -182,7 +182,7 @@ ISOLATED = ("test_same_settings_on_every_process.py",)
 
 
 PROVEN = "torch26_proven.json"
-PROOF_RECORDS = ("proven.json", PROVEN)  # written by the proofs themselves: never part of a state
+PROOF_RECORDS = ("proven.json", PROVEN, "steps_proven.json")  # written by the proofs and runs: never in a state
 MAX_AGE_DAYS = 7  # a record older than this runs the lane again (new releases within the line's dependency bounds)
 
 

@@ -15,6 +15,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tools"))
 import forkbuild  # noqa: E402
 import prove  # noqa: E402
+import step_record  # noqa: E402
 
 
 NEW = "1.16.0"
@@ -47,6 +48,57 @@ def test_every_line_has_the_same_shape():
         for part in ("setup.py", "pyproject.toml", "patches/base.json", "patches/series"):
             assert (project / part).is_file(), f"{name} line: no {part}"
     assert not (ROOT / "patches").exists() and "runpy.run_path" in (ROOT / "setup.py").read_text()
+
+
+def test_make_works_on_the_default_line_and_line_selects_the_other():
+    """`make test` is the 1.16.0 line's suite, `make test LINE=0.16.1` the other's; a target of one line only refuses
+    the other at parse time, before any venv is built."""
+    for args, venv in (([], f"lines/{NEW}/.venv"), (["LINE=0.16.1"], "lines/0.16.1/.venv")):
+        dry = run(["make", "-n", "-C", str(ROOT), "test", *args], check=True).stdout
+        assert f"{venv}/bin/python -m pytest" in dry, dry
+    refused = run(["make", "-n", "-C", str(ROOT), "upstream-suite"])
+    assert refused.returncode != 0 and "run it with LINE=0.16.1" in refused.stderr
+    assert run(["make", "-n", "-C", str(ROOT), "upstream-suite", "LINE=0.16.1"]).returncode == 0
+
+
+def test_a_maintenance_step_is_skipped_only_while_what_it_reads_is_unchanged(tmp_path, monkeypatch, capsys):
+    """CI skips the 0.16.1 line's heavy steps (`make heavy-steps LINE=0.16.1 SKIP_IF_RECORDED=1`) when the files they
+    read are the ones of their recorded passing run: an edit to README or to another line does not run them again, an
+    edit to a tool, a test or the line's patches does."""
+    repo = tmp_path / "repo"
+    for rel, text in {
+        "lines/0.16.1/patches/base.json": (forkbuild.get_line("0.16.1").patches / "base.json").read_text(),
+        "lines/0.16.1/patches/series": "",
+        f"lines/{NEW}/patches/base.json": "{}",
+        "tools/tool.py": "x = 1\n",
+        "tests/harness/h.py": "y = 1\n",
+        "tests/harness/README.md": "harness doc\n",
+        "README.md": "readme\n",
+        "docs/d.md": "doc\n",
+    }.items():
+        (repo / rel).parent.mkdir(parents=True, exist_ok=True)
+        (repo / rel).write_text(text)
+    run(["git", "-C", str(repo), "init", "-q"], check=True)
+    monkeypatch.setattr(forkbuild, "ROOT", repo)
+    monkeypatch.setattr(forkbuild, "LINES_DIR", repo / "lines")
+    monkeypatch.delenv("CI", raising=False)
+    monkeypatch.delenv("PYTEST_ADDOPTS", raising=False)
+    line = forkbuild.get_line("0.16.1")
+    assert step_record.hashed_files(line) == [
+        "lines/0.16.1/patches/base.json", "lines/0.16.1/patches/series", "tests/harness/h.py", "tools/tool.py"
+    ]  # fmt: skip
+    step = ["--line", "0.16.1", "--step", "s"]
+    assert step_record.main([*step, "--", "true"]) == 0 and "recorded" in capsys.readouterr().out
+    skip = [*step, "--skip-if-recorded", "--", "true"]
+    assert step_record.main(skip) == 0 and "skipped" in capsys.readouterr().out
+    for rel in ("README.md", "docs/d.md", "tests/harness/README.md", f"lines/{NEW}/patches/base.json"):
+        (repo / rel).write_text("changed\n")
+        assert step_record.main(skip) == 0 and "skipped" in capsys.readouterr().out, rel
+    (repo / "tools" / "tool.py").write_text("x = 2\n")
+    assert step_record.main([*step, "--skip-if-recorded", "--", "false"]) == 1  # ran: a tool it reads changed
+    assert "running it" in capsys.readouterr().out
+    assert step_record.main([*step, "--skip-if-recorded", "--", "true", "other"]) == 0  # another command: runs
+    assert "no matching record" in capsys.readouterr().out
 
 
 def test_unknown_line_is_one_clear_error():

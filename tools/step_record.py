@@ -1,0 +1,139 @@
+"""Skip a heavy CI step of a line in maintenance when nothing it reads has changed since it last passed (#39 item 4).
+
+    python3 tools/step_record.py --line 0.16.1 --step matrix -- make test-dist LINE=0.16.1 DIST_MARK="..."
+    python3 tools/step_record.py --line 0.16.1 --step matrix --skip-if-recorded -- make ...   # CI
+
+Runs the command after ``--``; when it passes, run as CI runs it (no ``PYTEST_ADDOPTS``, no ``TRL_HARNESS_*`` in the
+environment) and with nothing it reads changed while it ran, records the step's state in the line's
+``patches/steps_proven.json``. The state is a hash of the step's name and command, the Python version (major.minor)
+and every file the step reads (``hashed_files``): the line's own folder (patches with their tests, pins), the tools,
+the root's tests (the line's tests and the harness; not the demo's), the accelerate configs, the Makefile and the root's
+pyproject.toml (pytest's settings), except documentation (docs folders, markdown files) and the records themselves. ``--skip-if-recorded`` exits 0
+without running the command when the current state is the recorded one, byte for byte, and the record is at most
+``MAX_AGE_DAYS`` old (new releases within the line's dependency bounds); anything else runs the step in full. CI
+never records: commit the file written by a passing run here (``make record-steps LINE=0.16.1``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import shlex
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import forkbuild  # noqa: E402
+
+
+RECORD = "steps_proven.json"
+RECORDS = ("proven.json", "torch26_proven.json", RECORD)  # written by the proofs and runs: never part of a state
+MAX_AGE_DAYS = 7
+# What a maintenance line's heavy steps read outside the line's own folder (relative to the repository's root).
+SHARED = ("tools/", "tests/", "examples/accelerate_configs/", "Makefile", "pyproject.toml")
+NOT_READ = ("tests/demo/",)  # the demo's own tests (with examples/demo): no heavy step collects them
+
+
+def hashed_files(line: forkbuild.Line) -> list[str]:
+    """The files a step of ``line`` reads: tracked (or not ignored) files of the line's folder and of ``SHARED``,
+    without documentation (docs folders, markdown) and records."""
+    listed = subprocess.run(
+        ["git", "ls-files", "--cached", "--others", "--exclude-standard", "-z"],
+        cwd=forkbuild.ROOT,
+        capture_output=True,
+        check=True,
+    ).stdout.decode()
+    own = line.project.relative_to(forkbuild.ROOT).as_posix() + "/"
+    keep = []
+    for rel in sorted(set(filter(None, listed.split("\0")))):
+        parts = rel.split("/")
+        if not (rel.startswith(own) or rel in SHARED or any(s.endswith("/") and rel.startswith(s) for s in SHARED)):
+            continue
+        if rel.startswith(NOT_READ):
+            continue
+        if "docs" in parts[:-1] or rel.endswith(".md") or parts[-1] in RECORDS or not (forkbuild.ROOT / rel).is_file():
+            continue
+        keep.append(rel)
+    return keep
+
+
+def step_state(line: forkbuild.Line, step: str, command: list[str]) -> str:
+    python = f"{sys.version_info[0]}.{sys.version_info[1]}"
+    salt = f"steps/1\0{line.name}\0{step}\0{shlex.join(command)}\0python {python}\0".encode()
+    paths = [forkbuild.ROOT / rel for rel in hashed_files(line)]
+    return forkbuild.files_digest(salt, paths, relative_to=forkbuild.ROOT).hexdigest()
+
+
+def load(line: forkbuild.Line) -> dict:
+    path = line.patches / RECORD
+    return json.loads(path.read_text()) if path.is_file() else {}
+
+
+def recorded(line: forkbuild.Line, step: str, state: str) -> str | None:
+    """Why the step may be skipped (a line to print), or None."""
+    entry = load(line).get(step, {})
+    if entry.get("state") != state:
+        return None
+    age = (datetime.date.today() - datetime.date.fromisoformat(entry["proven_on"])).days
+    if age > MAX_AGE_DAYS:
+        print(f"[step] {line.name} {step}: its record is {age} days old (> {MAX_AGE_DAYS}): running it", flush=True)
+        return None
+    return (
+        f"[step] {line.name} {step}: skipped, what it reads is byte-identical to the state it passed on "
+        f"{entry['proven_on']} ({entry['seconds']} s; {line.patches.relative_to(forkbuild.ROOT)}/{RECORD})"
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if "--" not in argv:
+        print("error: give the step's command after --", file=sys.stderr)
+        return 2
+    split = argv.index("--")
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--line", required=True, help="the line whose step this is")
+    parser.add_argument("--step", required=True, help="the step's name in the record")
+    parser.add_argument("--skip-if-recorded", action="store_true", help="skip when the record matches (CI)")
+    args = parser.parse_args(argv[:split])
+    command = argv[split + 1 :]
+    if not command:
+        print("error: give the step's command after --", file=sys.stderr)
+        return 2
+    try:
+        line = forkbuild.get_line(args.line)
+    except forkbuild.BuildError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    before = step_state(line, args.step, command)
+    if args.skip_if_recorded:
+        why = recorded(line, args.step, before)
+        if why:
+            print(why, flush=True)
+            return 0
+        print(f"[step] {line.name} {args.step}: no matching record: running it", flush=True)
+    start = time.monotonic()
+    code = subprocess.run(command, cwd=forkbuild.ROOT).returncode
+    seconds = round(time.monotonic() - start)
+    altered = [k for k in os.environ if k == "PYTEST_ADDOPTS" or k.startswith("TRL_HARNESS_")]
+    if code == 0 and not os.environ.get("CI") and not altered and step_state(line, args.step, command) == before:
+        entries = load(line)
+        entries[args.step] = {
+            "state": before,
+            "command": shlex.join(command),
+            "proven_on": datetime.date.today().isoformat(),
+            "seconds": seconds,
+        }
+        (line.patches / RECORD).write_text(json.dumps(entries, indent=1, sort_keys=True) + "\n")
+        print(f"[step] {line.name} {args.step}: passed in {seconds} s, recorded in {RECORD}: commit it", flush=True)
+    elif code == 0:
+        print(f"[step] {line.name} {args.step}: passed in {seconds} s (not recorded)", flush=True)
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())
