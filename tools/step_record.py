@@ -7,11 +7,12 @@ Runs the command after ``--``; when it passes, run as CI runs it (no ``PYTEST_AD
 environment) and with nothing it reads changed while it ran, records the step's state in the line's
 ``patches/steps_proven.json``. The state is a hash of the step's name and command, the Python version (major.minor)
 and every file the step reads (``hashed_files``): the line's own folder (patches with their tests, pins), the tools,
-the root's tests (the line's tests and the harness; not the demo's), the accelerate configs, the Makefile and the root's
-pyproject.toml (pytest's settings), except documentation (docs folders, markdown files) and the records themselves. ``--skip-if-recorded`` exits 0
-without running the command when the current state is the recorded one, byte for byte, and the record is at most
-``MAX_AGE_DAYS`` old (new releases within the line's dependency bounds); anything else runs the step in full. CI
-never records: commit the file written by a passing run here (``make record-steps LINE=0.16.1``).
+the root's tests (the line's tests and the harness; not the demo's), the accelerate configs, the Makefile and the
+root's pyproject.toml (pytest's settings), except documentation (docs folders, markdown files) and the records
+themselves. ``--skip-if-recorded`` exits 0 without running the command when the current state is the recorded one,
+byte for byte, and the record is at most ``MAX_AGE_DAYS`` old (new releases within the line's dependency bounds);
+anything else runs the step in full. CI never records: commit the file written by a passing run here
+(``make heavy-steps LINE=0.16.1``).
 """
 
 from __future__ import annotations
@@ -56,7 +57,8 @@ def hashed_files(line: forkbuild.Line) -> list[str]:
             continue
         if rel.startswith(NOT_READ):
             continue
-        if "docs" in parts[:-1] or rel.endswith(".md") or parts[-1] in RECORDS or not (forkbuild.ROOT / rel).is_file():
+        documentation = "docs" in parts[:-1] or rel.endswith(".md")
+        if documentation or parts[-1] in RECORDS or not (forkbuild.ROOT / rel).is_file():
             continue
         keep.append(rel)
     return keep
