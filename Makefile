@@ -19,7 +19,7 @@ else
 EXTRAS ?= test,deepspeed,peft
 LINE_TESTS := $(PROJECT)/tests
 # tests in the root's tests/ that run on every line (with the line's venv)
-SHARED_TESTS := tests/recipes/test_multi_machine.py tests/benchmarks/test_frozen_model_memory.py
+SHARED_TESTS := tests/recipes/test_multi_machine.py tests/benchmarks/test_frozen_model_memory.py tests/demo/test_demo.py
 # the ruff release whose rules TRL 1.16.0's own tree passes (its pyproject selects rules explicitly)
 RUFF ?= ruff==0.16.10
 endif
@@ -197,7 +197,7 @@ test-real-vllm: dev venv-vllm  ## (LINE=1.16.0) a real vLLM (CPU build): `trl vl
 	PYTHONPATH=$(TREE) HF_HUB_OFFLINE=1 $(PY_VLLM) -m pytest -p no:cacheprovider $$tests $(PYTEST_ARGS)
 
 # Golden equivalence (#13): with no fork option set, the fork's per-step logged values and trained weights equal
-# TRL 0.16.1's bit for bit (tests/golden, docs/golden_equivalence.md). Not part of `make test` (marked slow + dist).
+# the line's pristine release's, bit for bit (tests/golden, docs/golden_equivalence.md). Not part of `make test` (marked slow + dist).
 .PHONY: golden
 golden: dev  ## fork vs the line's pristine base on default paths (1 process and 2-rank DDP), bit for bit
 	$(PY) -m pytest -m golden $(LINE_TESTS)/golden $(PYTEST_ARGS)
@@ -214,7 +214,7 @@ upstream-suite: dev  ## TRL 0.16.1's own tests on the base and on the fork; per-
 # byte-identical to the state it passed on here, at most 7 days ago. A passing run outside CI records each step in
 # lines/0.16.1/patches/steps_proven.json (tools/step_record.py): commit it. Its fast tests (`make test`) always run.
 SKIP_IF_RECORDED ?=
-STEP = $(PYTHON) tools/step_record.py --line $(LINE) $(if $(SKIP_IF_RECORDED),--skip-if-recorded) --step
+STEP = $(PYTHON) tools/step_record.py --line $(LINE) $(if $(filter 1,$(SKIP_IF_RECORDED)),--skip-if-recorded) --step
 heavy-steps:  ## (LINE=0.16.1) the rest of the matrix, TRL 0.16.1's own suite, golden; each recorded when it passes
 	$(STEP) matrix -- make --no-print-directory test-dist LINE=0.16.1 DIST_MARK="dist and slow and not gpu"
 	$(STEP) upstream-suite -- make --no-print-directory upstream-suite LINE=0.16.1

@@ -21,4 +21,7 @@ import forksetup  # noqa: E402
 
 
 forksetup.SETUP_DIR = HERE  # setup() runs here, not in the line's folder: its paths are relative to this directory
-runpy.run_path(str(forkbuild.get_line().project / "setup.py"), run_name="__main__")
+try:
+    runpy.run_path(str(forkbuild.get_line().project / "setup.py"), run_name="__main__")
+finally:
+    forksetup.SETUP_DIR = None

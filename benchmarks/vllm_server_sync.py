@@ -38,8 +38,8 @@ Targets (issue #15): batched requests <= buckets + 2; batched time <= 0.5 x per-
 weigh more, against the per-request round trips, than they would on GPUs.
 
 Usage:
-    PYTHONPATH=trl-src python benchmarks/vllm_server_sync.py [--reps 3] [--bucket-mb 128] [--json out.json]
-    PYTHONPATH=trl-src python benchmarks/vllm_server_sync.py --size 500m --reps 1
+    PYTHONPATH=lines/0.16.1/trl-src python benchmarks/vllm_server_sync.py [--reps 3] [--bucket-mb 128] [--json out.json]
+    PYTHONPATH=lines/0.16.1/trl-src python benchmarks/vllm_server_sync.py --size 500m --reps 1
 ``--size 500m`` is 32 layers, hidden 1024, intermediate 3712, vocabulary 16000 (498.5M parameters, largest tensor
 62.5 MiB); ``--layers/--hidden/--intermediate/--vocab`` override either size. About 1 minute on 2 shared CPU cores
 with the defaults (100M, 3 reps), about 2 minutes with ``--size 500m`` (3 reps).

@@ -133,24 +133,26 @@ def files_digest(salt: bytes, paths: Iterable[Path], relative_to: Path = ROOT):
 
 
 def line_pins(project: Path) -> str:
-    """What a line's ``setup.py`` pins, as canonical JSON: its module-level literals (the tested upper bounds, the
-    fork's extras) and its ``fork_setup(...)`` call (Python, package data ...), without comments, docstring or the
-    lines that find the build tools, so that a line can move in the repository without changing its pins."""
+    """What a line's ``setup.py`` says, as the text of its syntax tree: its code without its docstring, its comments
+    and the statement that puts the build tools on ``sys.path`` (``sys.path.insert(...)``), the only statement that
+    depends on where the line lives in the repository. A line can move without changing its pins; any other change to
+    the file (a bound, an extra, an import, an assignment in any form) changes them."""
     module = ast.parse((project / "setup.py").read_text())
-    literals, calls = {}, []
-    for node in module.body:
-        if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
-            try:
-                literals[node.targets[0].id] = ast.literal_eval(node.value)
-            except ValueError:
-                continue
-        elif isinstance(node, ast.Expr) and isinstance(node.value, ast.Call):
-            name = node.value.func
-            if isinstance(name, ast.Name) and name.id == "fork_setup":
-                calls.append(ast.dump(node.value, annotate_fields=True, include_attributes=False))
-    if len(calls) != 1:
-        raise BuildError(f"{project / 'setup.py'} must call fork_setup(...) once at module level")
-    return json.dumps({"literals": literals, "fork_setup": calls[0]}, sort_keys=True, default=repr)
+    body = list(module.body)
+    if body and isinstance(body[0], ast.Expr) and isinstance(getattr(body[0], "value", None), ast.Constant):
+        body = body[1:]  # the docstring
+    kept = [
+        node
+        for node in body
+        if not (
+            isinstance(node, ast.Expr)
+            and isinstance(node.value, ast.Call)
+            and ast.unparse(node.value.func) == "sys.path.insert"
+        )
+    ]
+    if not any(isinstance(node, ast.Expr) and "fork_setup(" in ast.unparse(node) for node in kept):
+        raise BuildError(f"{project / 'setup.py'} must call fork_setup(...) at module level")
+    return ast.dump(ast.Module(body=kept, type_ignores=[]), include_attributes=False)
 
 
 def fingerprint(patches_dir: Path = PATCHES_DIR, series: list[str] | None = None) -> str:

@@ -66,9 +66,15 @@ def fork_setup(
     minimum = re.fullmatch(r">=\s*(\d+)\.(\d+)", python_requires.strip())
     if minimum and sys.version_info[:2] < (int(minimum.group(1)), int(minimum.group(2))):
         # pip runs setup.py before it reads python_requires from the metadata: say it here, in one line
+        old = forkbuild.LINES_DIR / "0.16.1"
+        hint = (
+            "; the 0.16.1 line runs on Python 3.9+: add #subdirectory=lines/0.16.1 to the URL"
+            if project != old
+            else ""
+        )
         sys.exit(
             f"error: this line of the TRL fork needs Python {python_requires.strip()[2:].strip()} or newer "
-            f"(this is Python {sys.version_info[0]}.{sys.version_info[1]})"
+            f"(this is Python {sys.version_info[0]}.{sys.version_info[1]}){hint}"
         )
     line = next(
         (forkbuild.get_line(n) for n in forkbuild.known_lines() if forkbuild.get_line(n).project == project), None

@@ -68,8 +68,9 @@ def logs_dir() -> Path:
 
 PROVEN = "proven.json"
 # 2: names relative to the line's project (a line can move in the repository) and the line's pins read from its
-# setup.py (forkbuild.line_pins) instead of the file's bytes.
-PROOF_REVISION = "2"
+# setup.py (forkbuild.line_pins) instead of the file's bytes; 3: the pins are the whole setup.py's syntax tree but its
+# docstring and the statement that finds the build tools.
+PROOF_REVISION = "3"
 
 
 def _salted_digest(line: forkbuild.Line, *paths: Path):
@@ -110,44 +111,50 @@ def carry_over(revision: str) -> int:
     tools, and the line's base, series, patches and pins must be byte-identical there and here. Then the record's
     proof stands, and only its hashes are recomputed; anything else fails and the line is proven again."""
     record = recorded_proof()
+    resolved = subprocess.run(
+        ["git", "-C", str(forkbuild.ROOT), "rev-parse", "--verify", "--quiet", f"{revision}^{{commit}}"],
+        capture_output=True,
+        text=True,
+    )
+    if resolved.returncode != 0:
+        print(f"error: carry-over: {revision!r} is not a commit of this repository", file=sys.stderr)
+        return 1
+    commit = resolved.stdout.strip()
+    kept = ("state", "patch_states", "carried_over")  # what a carry-over rewrites; the rest must be the same record
     with tempfile.TemporaryDirectory(prefix="trl-carry-") as tmp:
-        worktree = Path(tmp) / "tree"
-        subprocess.run(
-            ["git", "-C", str(forkbuild.ROOT), "worktree", "add", "--quiet", "--detach", str(worktree), revision],
-            check=True,
+        then_root = Path(tmp) / "tree"
+        then_root.mkdir()
+        archive = subprocess.run(
+            ["git", "-C", str(forkbuild.ROOT), "archive", commit], capture_output=True, check=True
         )
-        try:
-            then = worktree / "lines" / LINE.name
-            if not (then / "patches" / "base.json").is_file():
-                then = worktree  # the layout before every line had its folder: the root was the 0.16.1 line
-            old_record = (
-                json.loads((then / "patches" / PROVEN).read_text()) if (then / "patches" / PROVEN).is_file() else {}
-            )
-            script = (
-                "import json, sys; sys.path.insert(0, 'tools'); import forkbuild, prove; "
-                f"prove.LINE = forkbuild.get_line({LINE.name!r}); print(json.dumps(prove.proof_state()))"
-            )
-            then_state = json.loads(
-                subprocess.run([sys.executable, "-c", script], cwd=worktree, capture_output=True, check=True).stdout
-            )
-            problems = []
-            if not old_record or old_record.get("state") != then_state:
-                problems.append(f"{revision} is not proven by its own record")
-            if {k: v for k, v in old_record.items() if k not in ("state", "patch_states")} != {
-                k: v for k, v in record.items() if k not in ("state", "patch_states", "carried_over")
-            }:
-                problems.append(f"the record here is not the one of {revision}")
-            then_line = forkbuild.Line(LINE.name, then)
-            if proof_state(then_line) != proof_state():
-                problems.append(f"the base, series, patches or pins differ between {revision} and here")
-        finally:
-            subprocess.run(["git", "-C", str(forkbuild.ROOT), "worktree", "remove", "--force", str(worktree)])
+        subprocess.run(["tar", "-x", "-C", str(then_root)], input=archive.stdout, check=True)
+        then = then_root / "lines" / LINE.name
+        if not (then / "patches" / "base.json").is_file():
+            then = then_root  # the layout before every line had its folder: the root was the 0.16.1 line
+        record_path = then / "patches" / PROVEN
+        old_record = json.loads(record_path.read_text()) if record_path.is_file() else {}
+        script = (
+            "import json, sys; sys.path.insert(0, 'tools'); import forkbuild, prove; "
+            f"prove.LINE = forkbuild.get_line({LINE.name!r}); print(json.dumps(prove.proof_state()))"
+        )
+        computed = subprocess.run([sys.executable, "-c", script], cwd=then_root, capture_output=True, text=True)
+        problems = []
+        if computed.returncode != 0:
+            problems.append(f"the tools of {revision} cannot compute its state: {computed.stderr.strip()[-300:]}")
+        elif not old_record or old_record.get("state") != json.loads(computed.stdout):
+            problems.append(f"{revision} is not proven by its own record")
+        if {k: v for k, v in old_record.items() if k not in kept} != {
+            k: v for k, v in record.items() if k not in kept
+        }:
+            problems.append(f"the record here is not the one of {revision}")
+        if (then / "patches" / "base.json").is_file() and proof_state(
+            forkbuild.Line(LINE.name, then)
+        ) != proof_state():
+            problems.append(f"the base, series, patches or pins differ between {revision} and here")
     if problems:
         print(f"[prove] {LINE.name} line: not carried over: {'; '.join(problems)}", file=sys.stderr)
         return 1
-    commit = subprocess.run(
-        ["git", "-C", str(forkbuild.ROOT), "rev-parse", "--short", revision], capture_output=True, text=True
-    ).stdout.strip()
+    commit = commit[:12]
     record.update(state=proof_state(), patch_states=patch_states())
     record["carried_over"] = {"from": commit, "on": datetime.date.today().isoformat()}
     (LINE.patches / PROVEN).write_text(json.dumps(record, indent=1) + "\n")

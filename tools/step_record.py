@@ -7,7 +7,8 @@ Runs the command after ``--``; when it passes, run as CI runs it (no ``PYTEST_AD
 environment) and with nothing it reads changed while it ran, records the step's state in the line's
 ``patches/steps_proven.json``. The state is a hash of the step's name and command, the Python version (major.minor)
 and every file the step reads (``hashed_files``): the line's own folder (patches with their tests, pins), the tools,
-the root's tests (the line's tests and the harness; not the demo's), the accelerate configs, the Makefile and the
+the root's tests (the line's tests and the harness; not the demo's), the benchmarks (the memory gate runs one), the
+accelerate configs, the Makefile and the
 root's pyproject.toml (pytest's settings), except documentation (docs folders, markdown files) and the records
 themselves. ``--skip-if-recorded`` exits 0 without running the command when the current state is the recorded one,
 byte for byte, and the record is at most ``MAX_AGE_DAYS`` old (new releases within the line's dependency bounds);
@@ -36,7 +37,11 @@ RECORD = "steps_proven.json"
 RECORDS = ("proven.json", "torch26_proven.json", RECORD)  # written by the proofs and runs: never part of a state
 MAX_AGE_DAYS = 7
 # What a maintenance line's heavy steps read outside the line's own folder (relative to the repository's root).
-SHARED = ("tools/", "tests/", "examples/accelerate_configs/", "Makefile", "pyproject.toml")
+SHARED = ("tools/", "tests/", "benchmarks/", "examples/accelerate_configs/", "Makefile", "pyproject.toml")
+# Make variables that change what a step runs (the Makefile's `?=` settings): a run with any of them set, on make's
+# command line or in the environment, is not the step CI runs, and is never recorded.
+SETTINGS = ("PYTHON", "VENV", "EXTRAS", "RUFF", "TORCH", "TREE", "PYTEST_ARGS", "DIST_MARK", "UPSTREAM_ARGS",
+            "VENV26", "TORCH26", "VENV_VLLM", "VLLM_CPU", "DEMO_ARGS", "PYTEST_ADDOPTS")  # fmt: skip
 NOT_READ = ("tests/demo/",)  # the demo's own tests (with examples/demo): no heavy step collects them
 
 
@@ -91,6 +96,24 @@ def recorded(line: forkbuild.Line, step: str, state: str) -> str | None:
     )
 
 
+def altered_settings(line: forkbuild.Line) -> list[str]:
+    """Why a passing run is not the step CI runs: make settings or pytest options given, harness switches set, or a
+    development tree (which the line's venv imports) that is not the line's series as ``patches/`` builds it."""
+    given = [k for k in os.environ if k in SETTINGS or k.startswith("TRL_HARNESS_")]
+    given += [w.split("=", 1)[0] for w in os.environ.get("MAKEFLAGS", "").split() if "=" in w]
+    reasons = [f"{k} set" for k in dict.fromkeys(given) if k not in ("LINE", "SKIP_IF_RECORDED")]
+    if line.dev_tree.is_dir():
+        import prove
+
+        def tree_of(path: Path) -> str:
+            return forkbuild.git(path, "rev-parse", "HEAD^{tree}").stdout.strip()
+
+        dirty = forkbuild.git(line.dev_tree, "status", "--porcelain").stdout.strip()
+        if dirty or tree_of(line.dev_tree) != tree_of(prove.tree_for("fork", line)):
+            reasons.append(f"{line.dev_tree.relative_to(forkbuild.ROOT)} differs from the series in patches/")
+    return reasons
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if "--" not in argv:
@@ -121,7 +144,7 @@ def main(argv: list[str] | None = None) -> int:
     start = time.monotonic()
     code = subprocess.run(command, cwd=forkbuild.ROOT).returncode
     seconds = round(time.monotonic() - start)
-    altered = [k for k in os.environ if k == "PYTEST_ADDOPTS" or k.startswith("TRL_HARNESS_")]
+    altered = altered_settings(line)
     if code == 0 and not os.environ.get("CI") and not altered and step_state(line, args.step, command) == before:
         entries = load(line)
         entries[args.step] = {
@@ -133,7 +156,8 @@ def main(argv: list[str] | None = None) -> int:
         (line.patches / RECORD).write_text(json.dumps(entries, indent=1, sort_keys=True) + "\n")
         print(f"[step] {line.name} {args.step}: passed in {seconds} s, recorded in {RECORD}: commit it", flush=True)
     elif code == 0:
-        print(f"[step] {line.name} {args.step}: passed in {seconds} s (not recorded)", flush=True)
+        why = "CI never records" if os.environ.get("CI") else "; ".join(altered) or "what it reads changed meanwhile"
+        print(f"[step] {line.name} {args.step}: passed in {seconds} s, not recorded ({why})", flush=True)
     return code
 
 

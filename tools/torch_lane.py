@@ -274,7 +274,7 @@ def main(argv: list[str]) -> int:
     whole = not argv and not altered
     state_before, started = lane_state(torch_requirement), time.monotonic()
     tree = prove.tree_for("fork")
-    patch_tests = forkbuild.patch_test_files(tree)
+    patch_tests = forkbuild.patch_test_files(tree, LINE.patches)
     isolated = [path for path in patch_tests if path.name in ISOLATED]
     patch_tests = [path for path in patch_tests if path.name not in ISOLATED]
     os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(tree), os.environ.get("PYTHONPATH")]))

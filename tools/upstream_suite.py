@@ -34,9 +34,6 @@ import forkbuild  # noqa: E402
 import prove  # noqa: E402
 
 
-prove.LINE = forkbuild.get_line("0.16.1")  # TRL 0.16.1's own suite: the 0.16.1 line's trees
-
-
 PLUGIN_DIR = forkbuild.ROOT / "tests" / "upstream"
 
 # The files of the trainers and helpers the series touches: each must run (some passing test) on both trees.
@@ -219,7 +216,8 @@ def main(argv: list[str] | None = None) -> int:
     if not args.all_tests:
         extra = [f"--deselect=tests/{node}" for node in DESELECTED] + extra
     try:
-        base_tree, fork_tree = prove.tree_for("base"), prove.tree_for("fork")
+        line = forkbuild.get_line("0.16.1")  # TRL 0.16.1's own suite: the 0.16.1 line's trees
+        base_tree, fork_tree = prove.tree_for("base", line), prove.tree_for("fork", line)
     except forkbuild.BuildError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1

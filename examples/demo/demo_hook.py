@@ -4,8 +4,13 @@ Loaded into the ``trl grpo`` processes by the harness start-up hook (``TRL_HARNE
 ``tests/harness/_site/sitecustomize.py``); it wraps ``GRPOTrainer.__init__`` and ``GRPOTrainer.train`` the
 moment ``trl.trainer.grpo_trainer`` is imported, prints one line per rank and frozen model, and writes
 ``$TRL_DEMO_REPORT_DIR/rank<R>.json`` for ``run_demo.py``'s summary.  Never used outside the demo.
+
+Each report also says which ``trl`` the rank imported (``trl.__file__``, ``trl.__version__`` and whether the fork's
+generated ``trl._fork_info`` exists): the 1.16.0 demo runs pristine TRL through ``PYTHONPATH`` and checks that the
+ranks really imported it.
 """
 
+import importlib.util
 import json
 import os
 import sys
@@ -26,6 +31,16 @@ def _report(record):
         path.write_text(json.dumps(record, indent=1, default=str))
 
 
+def _which_trl():
+    import trl
+
+    return {
+        "file": trl.__file__,
+        "version": trl.__version__,
+        "fork_info": importlib.util.find_spec("trl._fork_info") is not None,
+    }
+
+
 def _patch(module):
     from harness.facts import describe_for_humans, describe_model
 
@@ -33,6 +48,7 @@ def _patch(module):
     original_init, original_train = cls.__init__, cls.train
     full = json.loads(os.environ.get("TRL_DEMO_FULL_NUMEL", "{}"))
     record = {"rank": int(os.environ.get("RANK", "0")), "world_size": int(os.environ.get("WORLD_SIZE", "1"))}
+    record["trl"] = _which_trl()
 
     def __init__(self, *args, **kwargs):
         original_init(self, *args, **kwargs)

@@ -88,7 +88,15 @@ def test_a_maintenance_step_is_skipped_only_while_what_it_reads_is_unchanged(tmp
         "lines/0.16.1/patches/base.json", "lines/0.16.1/patches/series", "tests/harness/h.py", "tools/tool.py"
     ]  # fmt: skip
     step = ["--line", "0.16.1", "--step", "s"]
+    # not the step as CI runs it: passes, records nothing
+    for name, value in (("CI", "true"), ("PYTEST_ARGS", "-k grpo"), ("MAKEFLAGS", " -- PYTEST_ARGS=-x LINE=0.16.1")):
+        monkeypatch.setenv(name, value)
+        assert step_record.main([*step, "--", "true"]) == 0 and "not recorded" in capsys.readouterr().out
+        monkeypatch.delenv(name)
+    assert not (repo / "lines" / "0.16.1" / "patches" / step_record.RECORD).exists()
     assert step_record.main([*step, "--", "true"]) == 0 and "recorded" in capsys.readouterr().out
+    assert step_record.main([*step, "--skip-if-recorded", "--", "false", "other"]) == 1  # another command: runs
+    assert "no matching record" in capsys.readouterr().out
     skip = [*step, "--skip-if-recorded", "--", "true"]
     assert step_record.main(skip) == 0 and "skipped" in capsys.readouterr().out
     for rel in ("README.md", "docs/d.md", "tests/harness/README.md", f"lines/{NEW}/patches/base.json"):
@@ -97,8 +105,6 @@ def test_a_maintenance_step_is_skipped_only_while_what_it_reads_is_unchanged(tmp
     (repo / "tools" / "tool.py").write_text("x = 2\n")
     assert step_record.main([*step, "--skip-if-recorded", "--", "false"]) == 1  # ran: a tool it reads changed
     assert "running it" in capsys.readouterr().out
-    assert step_record.main([*step, "--skip-if-recorded", "--", "true", "other"]) == 0  # another command: runs
-    assert "no matching record" in capsys.readouterr().out
 
 
 def test_unknown_line_is_one_clear_error():
@@ -228,10 +234,17 @@ def test_carry_over_keeps_a_proof_only_for_the_same_content(tmp_path, monkeypatc
     run([*git, "init", "-q"], check=True)
     run([*git, "add", "-A"], check=True)
     run([*git, "commit", "-qm", "proven"], check=True)
-    # the same content (here: a moved tool, nothing of the line's): carried over, marked as such
+    # the same content: carried over, marked as such; and again from that commit (a second change of the hashing)
     assert prove.carry_over("HEAD") == 0
     record = json.loads((copy / "patches" / prove.PROVEN).read_text())
     assert record["state"] == prove.proof_state() and "carried_over" in record
+    run([*git, "commit", "-qam", "carried over"], check=True)
+    assert prove.carry_over("HEAD") == 0 and prove.carry_over("HEAD~1") == 0
+    # a record that its commit's tools do not prove: refused
+    (copy / "patches" / prove.PROVEN).write_text(json.dumps({"state": "0" * 64, "patches": 2}))
+    run([*git, "commit", "-qam", "not proven"], check=True)
+    assert prove.carry_over("HEAD") == 1 and "is not proven by its own record" in capsys.readouterr().err
+    run([*git, "reset", "-q", "--hard", "HEAD~1"], check=True)
     # a changed patch: refused, the record stays as it was
     before = (copy / "patches" / prove.PROVEN).read_bytes()
     patch = copy / "patches" / forkbuild.read_series(copy / "patches")[-1]

@@ -36,8 +36,9 @@ class GoldenRun:
         return self.out / "weights.pt"
 
 
-def tree_paths(line=None):
-    """The base and fork trees of ``line`` (a TRL version; default: the 0.16.1 line), built by tools/prove.py."""
+def tree_paths(line="0.16.1"):
+    """The base and fork trees of ``line`` (a TRL version; default: the 0.16.1 line, whose golden runs these are),
+    built by tools/prove.py."""
     sys.path.insert(0, str(REPO_ROOT / "tools"))
     try:
         import forkbuild

@@ -7,7 +7,7 @@ process group of 2 ranks, rank ``r`` started by machine ``r``, that they trained
 losses, and that only machine 0 wrote the model. It uses the interpreter running pytest, so the lead runs it once
 per line::
 
-    .venv/bin/python -m pytest tests/recipes/test_multi_machine.py                  # TRL 0.16.1+fork
+    lines/0.16.1/.venv/bin/python -m pytest tests/recipes/test_multi_machine.py     # TRL 0.16.1+fork
     lines/1.16.0/.venv/bin/python -m pytest tests/recipes/test_multi_machine.py     # TRL 1.16.0+fork
 
 What it does not show: a real network (both "machines" are this host, over loopback), GPUs / NCCL, more than one
