@@ -150,7 +150,10 @@ def test_new_line_refuses_an_old_python_in_one_line(monkeypatch, capsys):
         forksetup.fork_setup(
             ROOT / "lines" / NEW, description="", bounds={}, fork_extras={}, python_requires=">=3.11", package_data={}
         )
-    assert str(exit_info.value) == "error: this line of the TRL fork needs Python 3.11 or newer (this is Python 3.10)"
+    assert str(exit_info.value) == (
+        "error: this line of the TRL fork needs Python 3.11 or newer (this is Python 3.10); "
+        "the 0.16.1 line runs on Python 3.9+: add #subdirectory=lines/0.16.1 to the URL"
+    )
 
 
 @pytest.mark.skipif(sys.version_info < (3, 11), reason="the 1.16.0 line (its pyproject.toml, tomllib) needs 3.11+")
