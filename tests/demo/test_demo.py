@@ -162,17 +162,23 @@ def test_printed_command_reproduces_the_launch(workdir, backend, capsys):
 
 
 @on_line("0.16.1")
+def _run_printed_command(output):
+    """Runs the equivalent command the demo printed in ``output``, by hand in a shell with neither PYTHONPATH nor
+    HF_HOME from this process; returns the ranks' reports."""
+    env, argv = printed_command(output)
+    command = " ".join(f"{k}={shlex.quote(v)}" for k, v in env.items()) + " " + shlex.join(argv)
+    clean = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "HF_HOME")}
+    ran = subprocess.run(["bash", "-c", command], env=clean, capture_output=True, text=True, timeout=600)
+    assert ran.returncode == 0, (ran.stdout + ran.stderr)[-4000:]
+    return [json.loads(p.read_text()) for p in sorted(Path(env["TRL_DEMO_REPORT_DIR"]).glob("rank*.json"))]
+
+
 @pytest.mark.dist
 def test_printed_command_shards_by_hand(workdir, capsys):
     """The fsdp2 command, run by hand in a shell as printed: each rank holds half of the reference model."""
     with mock.patch.object(run_demo, "run_command", side_effect=_fake_launch):
         run_demo.main(["--backend", "fsdp2", "--workdir", str(workdir), "--steps", "1"])
-    env, argv = printed_command(capsys.readouterr().out)
-    command = " ".join(f"{k}={shlex.quote(v)}" for k, v in env.items()) + " " + shlex.join(argv)
-    clean = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "HF_HOME")}
-    ran = subprocess.run(["bash", "-c", command], env=clean, capture_output=True, text=True, timeout=600)
-    assert ran.returncode == 0, (ran.stdout + ran.stderr)[-4000:]
-    reports = [json.loads(p.read_text()) for p in sorted(Path(env["TRL_DEMO_REPORT_DIR"]).glob("rank*.json"))]
+    reports = _run_printed_command(capsys.readouterr().out)
     assert [r["rank"] for r in reports] == [0, 1]
     for report in reports:
         assert report["backend"] == "FSDP" and report["stage"] == "trained", report
@@ -368,12 +374,7 @@ def test_printed_command_shards_by_hand_1160(workdir, capsys):
     model and half of the reward model."""
     with mock.patch.object(run_demo, "run_command", side_effect=_fake_launch):
         run_demo.main(["--workdir", str(workdir), "--steps", "1"])
-    env, argv = printed_command(capsys.readouterr().out)
-    command = " ".join(f"{k}={shlex.quote(v)}" for k, v in env.items()) + " " + shlex.join(argv)
-    clean = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "HF_HOME")}
-    ran = subprocess.run(["bash", "-c", command], env=clean, capture_output=True, text=True, timeout=600)
-    assert ran.returncode == 0, (ran.stdout + ran.stderr)[-4000:]
-    reports = [json.loads(p.read_text()) for p in sorted(Path(env["TRL_DEMO_REPORT_DIR"]).glob("rank*.json"))]
+    reports = _run_printed_command(capsys.readouterr().out)
     assert [r["rank"] for r in reports] == [0, 1]
     for report in reports:
         assert report["backend"] == "FSDP" and report["stage"] == "trained", report
