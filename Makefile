@@ -109,7 +109,7 @@ test-slow: dev  ## the slow tests that launch no distributed job (fresh-venv `pi
 test-gpu: dev  ## the GPU cells (needs CUDA)
 	$(PY) -m pytest -m gpu $(LINE_TESTS) $$($(PY) tools/forkbuild.py --line $(LINE) patch-tests --tree $(TREE)) $(PYTEST_ARGS)
 
-RECIPES_REPORT ?= docs/recipes_gpu.md
+RECIPES_REPORT ?= $(PROJECT)/docs/recipes_gpu.md
 recipes-gpu: dev  ## every recipe on this machine's GPUs, 5 steps each; time per step and peak memory -> RECIPES_REPORT
 	@$(PY) -c "import sys, torch; sys.exit(0 if torch.cuda.is_available() else 'recipes-gpu: no CUDA GPU visible to torch')"
 	RECIPES_REPORT=$(RECIPES_REPORT) $(PY) -m pytest -m gpu tests/recipes $(PYTEST_ARGS)
@@ -142,7 +142,7 @@ clean:  ## remove build products of every line (keeps each line's trl-src/ and v
 	rm -rf build dist *.egg-info .pytest_cache lines/*/build lines/*/*.egg-info
 
 # --- torch 2.6.0 lane (#13, LINE=0.16.1): the torch that vLLM 0.8.x pins, next to the dev venv's torch.
-# docs/torch_versions.md. Its venv holds torch 2.6.0 and the dependencies of `lines/0.16.1[$(EXTRAS)]` but no trl:
+# lines/0.16.1/docs/torch_versions.md. Its venv holds torch 2.6.0 and the dependencies of `lines/0.16.1[$(EXTRAS)]` but no trl:
 # every run imports the fork from the line's build/trees/upto-NNNN (base + patches/series, rebuilt by tools/prove.py),
 # never trl-src/ or a stale install.
 VENV26 ?= $(PROJECT)/.venv-torch26
@@ -197,14 +197,14 @@ test-real-vllm: dev venv-vllm  ## (LINE=1.16.0) a real vLLM (CPU build): `trl vl
 	PYTHONPATH=$(TREE) HF_HUB_OFFLINE=1 $(PY_VLLM) -m pytest -p no:cacheprovider $$tests $(PYTEST_ARGS)
 
 # Golden equivalence (#13): with no fork option set, the fork's per-step logged values and trained weights equal
-# the line's pristine release's, bit for bit (tests/golden, docs/golden_equivalence.md). Not part of `make test` (marked slow + dist).
+# the line's pristine release's, bit for bit (tests/golden, lines/0.16.1/docs/golden_equivalence.md). Not part of `make test` (marked slow + dist).
 .PHONY: golden
 golden: dev  ## fork vs the line's pristine base on default paths (1 process and 2-rank DDP), bit for bit
 	$(PY) -m pytest -m golden $(LINE_TESTS)/golden $(PYTEST_ARGS)
 
 # TRL 0.16.1's own test suite (#13, LINE=0.16.1): the sdist's tests/ on the pristine base and on the fork, offline (tiny models
 # and a synthetic zen dataset mapped in by tests/upstream/upstream_offline.py); fails when a test passing on the
-# base fails on the fork. docs/upstream_suite.md. UPSTREAM_ARGS: e.g. --files test_cli.py, --jobs 1, -- -k peft.
+# base fails on the fork. lines/0.16.1/docs/upstream_suite.md. UPSTREAM_ARGS: e.g. --files test_cli.py, --jobs 1, -- -k peft.
 .PHONY: upstream-suite
 upstream-suite: dev  ## TRL 0.16.1's own tests on the base and on the fork; per-file table; fails on regressions
 	$(PY) tools/upstream_suite.py $(UPSTREAM_ARGS)

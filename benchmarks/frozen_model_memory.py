@@ -45,7 +45,7 @@ Usage (each line with its own virtual environment):
     lines/1.16.0/.venv/bin/python benchmarks/frozen_model_memory.py \
         --fork-trl lines/1.16.0/trl-src --base-trl lines/1.16.0/build/trees/base
 Short runs: 2 forward passes of a 2 x 64 token batch per variant; 1 to 3 minutes per variant on 2 shared CPU cores.
-Results: docs/frozen_models.md (0.16.1 line), lines/1.16.0/docs/frozen_models.md (1.16.0 line).
+Results: lines/0.16.1/docs/frozen_models.md (0.16.1 line), lines/1.16.0/docs/frozen_models.md (1.16.0 line).
 """
 
 from __future__ import annotations

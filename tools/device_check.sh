@@ -4,7 +4,7 @@
 # transformers 4.51.3, accelerate 1.6.0, peft 0.15.2, datasets 3.6.0, deepspeed 0.16.9 and their missing needs).
 #
 #   1. `make recipes-gpu`'s tests (tests/recipes, -m gpu): one after the other, so their timings are clean;
-#      report -> $OUT/recipes_gpu.md (docs/recipes_gpu.md's format)
+#      report -> $OUT/recipes_gpu.md (lines/0.16.1/docs/recipes_gpu.md's format)
 #   2. the GPU matrix (tests/dist/test_matrix_gpu.py) one concurrent pytest per backend (tiny models; one GPU
 #      holds all of them), bounded by MATRIX_LIMIT seconds so the call returns with what it has.
 #
@@ -26,10 +26,10 @@ python3 -c "import torch, transformers, accelerate, deepspeed, peft, datasets, t
 'peft', peft.__version__, 'datasets', datasets.__version__, 'trl', trl.__version__)" 2>&1 | tail -3 | tee -a "$OUT/gpu.txt"
 
 start=$(date +%s)
-RECIPES_REPORT=docs/recipes_gpu.md timeout "$RECIPES_LIMIT" python3 -m pytest -m gpu tests/recipes -p no:cacheprovider -q --junitxml="$OUT/recipes.xml" \
+RECIPES_REPORT=lines/0.16.1/docs/recipes_gpu.md timeout "$RECIPES_LIMIT" python3 -m pytest -m gpu tests/recipes -p no:cacheprovider -q --junitxml="$OUT/recipes.xml" \
     >"$OUT/recipes.log" 2>&1
 echo "recipes: rc=$? in $(( $(date +%s) - start )) s"; tail -15 "$OUT/recipes.log"
-cp -f docs/recipes_gpu.md "$OUT/recipes_gpu.md" 2>/dev/null
+cp -f lines/0.16.1/docs/recipes_gpu.md "$OUT/recipes_gpu.md" 2>/dev/null
 
 start=$(date +%s)
 for group in ddp dataparallel fsdp1 fsdp2 zero2 zero3; do

@@ -1,4 +1,4 @@
-"""The torch 2.6.0 lane (#13): the fork's tests on the torch that vLLM 0.8.x pins (docs/torch_versions.md).
+"""The torch 2.6.0 lane (#13): the fork's tests on the torch that vLLM 0.8.x pins (lines/0.16.1/docs/torch_versions.md).
 
     make test-torch26 LINE=0.16.1                       # creates lines/0.16.1/.venv-torch26 (torch 2.6.0), then this
     lines/0.16.1/.venv-torch26/bin/python tools/torch_lane.py [pytest args, e.g. -k fsdp1]
@@ -73,7 +73,7 @@ LANE_CELLS = {
 
 FSDP2_REASON = (
     "limitation of the torch 2.6 lane: FSDP2 cannot run a forward on CPU with this torch "
-    "(its CPU Stream lacks record_event; docs/torch_versions.md)"
+    "(its CPU Stream lacks record_event; lines/0.16.1/docs/torch_versions.md)"
 )
 # The patches' tests that run an FSDP2 forward (regexes searched in the node id). Each must match a test.
 FSDP2_FORWARD_TESTS = (

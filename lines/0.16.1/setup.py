@@ -29,7 +29,7 @@ TESTED_UPPER_BOUNDS = {
     "deepspeed": "<0.17",
     # The first vLLM release that breaks what 0.16.1's vLLM paths call: from 0.8.2 on, a custom `worker_cls` no
     # longer falls back to vLLM's V0 engine, so `trl vllm-serve`'s V0 WeightSyncWorker lands on V1 and fails. Checked
-    # on the wheels by tests/build/test_vllm_contract.py; the table per release is in docs/vllm_version.md.
+    # on the wheels by tests/build/test_vllm_contract.py; the table per release is in lines/0.16.1/docs/vllm_version.md.
     "vllm": "<0.8.2",
 }
 # What the fork's own test suite needs on top of upstream's `test` extra.
