@@ -19,7 +19,7 @@ else
 EXTRAS ?= test,deepspeed,peft
 LINE_TESTS := $(PROJECT)/tests
 # tests in the root's tests/ that run on every line (with the line's venv)
-SHARED_TESTS := tests/recipes/test_multi_machine.py tests/benchmarks/test_frozen_model_memory.py tests/demo/test_demo.py
+SHARED_TESTS := tests/recipes/test_recipes.py tests/recipes/test_multi_machine.py tests/benchmarks/test_frozen_model_memory.py tests/demo/test_demo.py
 # the ruff release whose rules TRL 1.16.0's own tree passes (its pyproject selects rules explicitly)
 RUFF ?= ruff==0.16.10
 endif

@@ -21,7 +21,7 @@ What it does, offline and without a GPU (the 0.16.1 line; 1.16.0 does the same, 
 1. builds the tiny fixtures (policy, reward model, tokenizer, prompt dataset) into a work directory;
 2. writes the accelerate config for the backend (``examples/accelerate_configs/`` plus the CPU specifics of
    ``tests/harness``) as the default config of a private ``HF_HOME``, so that the plain CLI picks it up;
-3. runs ``trl grpo ...`` (the ``trl`` console script of this Python; ``python -m trl.cli`` without one) with
+3. runs ``trl grpo ...`` (the ``trl`` console script of this Python; its module without one) with
    ``beta > 0``, hence a reference model, for a few optimizer steps;
 4. prints, from inside the CLI's processes, where the reference and reward models live and how much of
    each every rank holds, then a summary.  Exits non-zero if anything failed.
@@ -265,9 +265,18 @@ def grpo_cli_args(line, manifest, output_dir, steps):
 
 
 def trl_executable():
-    """The ``trl`` console script of this Python (what ``trl grpo`` runs), else ``python -m trl.cli``."""
+    """The ``trl`` console script of this Python (what ``trl grpo`` runs), else its module: ``python -m trl.cli.main``
+    (TRL 1.x, a package) or ``python -m trl.cli`` (0.16.1, a module)."""
     script = Path(sys.executable).with_name("trl")
-    return [str(script)] if script.is_file() else [sys.executable, "-m", "trl.cli"]
+    if script.is_file():
+        return [str(script)]
+    import importlib.util
+
+    try:
+        module = "trl.cli.main" if importlib.util.find_spec("trl.cli.main") is not None else "trl.cli"
+    except ModuleNotFoundError:  # trl.cli is a module, not a package
+        module = "trl.cli"
+    return [sys.executable, "-m", module]
 
 
 def prepare(args):

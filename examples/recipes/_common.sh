@@ -6,6 +6,8 @@
 #   OUTPUT_DIR          where checkpoints go; default: runs/<recipe>
 #   RECIPE_DRY_RUN=1    print the commands (with the environment each one gets), run nothing
 # Extra arguments given to a recipe are appended to its command: they override its defaults (the last value wins).
+# The recipes serve both lines of the fork, TRL 1.16.0+fork (default) and 0.16.1+fork: find_line reads the version of
+# the trl that accelerate's Python imports, and a recipe passes the few options that differ between the lines.
 set -euo pipefail
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 REPO="$(cd "$HERE/../.." && pwd)"
@@ -26,6 +28,7 @@ if ! [[ "$NUM_GPUS" =~ ^[0-9]+$ ]] || [ "$((10#$NUM_GPUS))" -eq 0 ]; then
     exit 2
 fi
 NUM_GPUS="$((10#$NUM_GPUS))"
+TRL_VERSION="" TRL_LINE=""  # set by find_line
 ACCELERATE="${ACCELERATE:-accelerate}"
 declare -A CONFIG_FILES=([ddp]=multi_gpu.yaml [zero2]=deepspeed_zero2.yaml [zero3]=deepspeed_zero3.yaml
                         [fsdp1]=fsdp1.yaml [fsdp2]=fsdp2.yaml)
@@ -51,6 +54,32 @@ run() {  # run [VAR=value...] COMMAND ARGS...: prints the command with those var
     local assignments=()  # RECIPE_DRY_RUN=1: prints it only; a copy of the printed line runs the same
     while [[ $# -gt 0 && "$1" =~ ^[A-Za-z_][A-Za-z0-9_]*= ]]; do assignments+=("$1"); shift; done
     [ $# -gt 0 ] || { echo "error: run: no command after ${assignments[*]}" >&2; return 2; }
+    [ -z "$TRL_LINE" ] || echo "# trl $TRL_VERSION installed: the command of the $TRL_LINE line" >&2
     echo "+ $(command_line ${assignments[@]+"${assignments[@]}"} "$@")" >&2
     if [ -z "${RECIPE_DRY_RUN:-}" ]; then env ${assignments[@]+"${assignments[@]}"} "$@"; fi
+}
+find_line() {  # sets TRL_VERSION and TRL_LINE (1.16.0 or 0.16.1): the trl of $ACCELERATE's Python, else stops
+    local path first python=()
+    path="$(command -v "$ACCELERATE" 2>/dev/null || true)"
+    if [ -n "$path" ] && [ -f "$path" ]; then  # its shebang's Python, else the python beside it
+        IFS= read -r first < "$path" || true
+        if [[ "$first" == "#!"*python* ]]; then read -r -a python <<< "${first#\#!}"; fi
+        if [ ${#python[@]} -eq 0 ] && [ -x "$(dirname "$path")/python" ]; then python=("$(dirname "$path")/python"); fi
+    fi
+    [ ${#python[@]} -gt 0 ] || python=(python3)
+    # the installed distribution's version (importing trl 0.16.1 takes seconds), else the version of the trl it imports
+    TRL_VERSION="$("${python[@]}" -c 'import importlib.metadata as m
+try:
+    print(m.version("trl"))
+except m.PackageNotFoundError:
+    import trl; print(trl.__version__)' 2>/dev/null | tail -n 1 || true)"
+    case "$TRL_VERSION" in
+        1.16.0*) TRL_LINE=1.16.0 ;;
+        0.16.1*) TRL_LINE=0.16.1 ;;
+        "") echo "error: ${python[*]} (the Python of $ACCELERATE) cannot import trl: install the fork" \
+                "(README, Install)" >&2
+            return 2 ;;
+        *) echo "error: trl $TRL_VERSION (${python[*]}): the recipes serve the fork's lines 1.16.0 and 0.16.1" >&2
+           return 2 ;;
+    esac
 }

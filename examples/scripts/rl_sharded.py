@@ -2,6 +2,9 @@
 # Copyright 2026 The TRL fork maintainers. Licensed under the Apache License, Version 2.0.
 """RLOO, PPO or GKD with frozen models (reference, reward, value, teacher) that the backend shards.
 
+TRL 0.16.1: RLOO, PPO and GKD. TRL 1.16.0: GKD (``trl.experimental.gkd``) only; its RLOO is another trainer, run
+through the script behind ``trl rloo`` (``trl.scripts.rloo``), and it has no PPO.
+
     accelerate launch --config_file examples/accelerate_configs/fsdp2.yaml examples/scripts/rl_sharded.py \
         --trainer rloo --model_name_or_path <SFT model> --reward_model_name_or_path <reward model> \
         --dataset_name <prompt-only dataset> --output_dir rloo --log_level info
@@ -22,28 +25,29 @@ from typing import Optional
 from datasets import load_dataset
 from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification, AutoTokenizer
 
-from trl import (
-    GKDConfig,
-    GKDTrainer,
-    ModelConfig,
-    PPOConfig,
-    PPOTrainer,
-    RLOOConfig,
-    RLOOTrainer,
-    ScriptArguments,
-    TrlParser,
-    get_peft_config,
-)
+import trl
+from trl import ModelConfig, ScriptArguments, TrlParser, get_peft_config
 from trl.data_utils import is_conversational
 from trl.scripts.utils import init_trl_logging
 
 
-CONFIGS = {"rloo": RLOOConfig, "ppo": PPOConfig, "gkd": GKDConfig}
+if trl.__version__.startswith("0."):  # the 0.16.1 line
+    from trl import GKDConfig, GKDTrainer, PPOConfig, PPOTrainer, RLOOConfig, RLOOTrainer
+
+    CONFIGS = {"rloo": RLOOConfig, "ppo": PPOConfig, "gkd": GKDConfig}
+    ELSEWHERE = {}
+else:  # the 1.16.0 line
+    from trl.experimental.gkd import GKDConfig, GKDTrainer
+
+    CONFIGS = {"gkd": GKDConfig}
+    ELSEWHERE = {"rloo": "its RLOO runs through `trl rloo` (trl.scripts.rloo)", "ppo": "it has no PPO trainer"}
 
 
 @dataclass
 class RLScriptArguments(ScriptArguments):
-    trainer: str = field(default="rloo", metadata={"help": "rloo, ppo or gkd.", "choices": sorted(CONFIGS)})
+    trainer: str = field(
+        default="rloo", metadata={"help": "rloo, ppo or gkd (TRL 1.16.0: gkd).", "choices": sorted(CONFIGS)}
+    )
     reward_model_name_or_path: Optional[str] = field(default=None, metadata={"help": "RLOO / PPO reward model."})
     value_model_name_or_path: Optional[str] = field(default=None, metadata={"help": "PPO value model."})
 
@@ -62,7 +66,9 @@ def tokenize_prompts(dataset, tokenizer):
 def main(script_args, training_args, model_args):
     init_trl_logging(training_args)
     kind = script_args.trainer
-    kwargs = dict(trust_remote_code=model_args.trust_remote_code)
+    # ModelConfig on 0.16.1, the training arguments on 1.16.0
+    trust = bool(getattr(model_args, "trust_remote_code", None) or getattr(training_args, "trust_remote_code", None))
+    kwargs = dict(trust_remote_code=trust)
     tokenizer = AutoTokenizer.from_pretrained(model_args.model_name_or_path, padding_side="left", **kwargs)
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
@@ -122,6 +128,8 @@ def make_parser(argv):
             kind = argv[i + 1]
         elif arg.startswith("--trainer="):
             kind = arg.split("=", 1)[1]
+    if kind in ELSEWHERE:
+        raise SystemExit(f"error: --trainer {kind}: TRL {trl.__version__} runs only gkd here; {ELSEWHERE[kind]}")
     if kind not in CONFIGS:
         raise SystemExit(f"error: --trainer {kind!r}: expected one of {sorted(CONFIGS)}")
     return TrlParser((RLScriptArguments, CONFIGS[kind], ModelConfig))
