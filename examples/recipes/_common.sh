@@ -13,13 +13,13 @@ HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 REPO="$(cd "$HERE/../.." && pwd)"
 CONFIGS="$REPO/examples/accelerate_configs"
 if [ -z "${NUM_GPUS:-}" ]; then
-    if [ -n "${CUDA_VISIBLE_DEVICES:-}" ]; then
-        NUM_GPUS="$(echo "$CUDA_VISIBLE_DEVICES" | tr ',' '\n' | grep -c .)"
+    if [ -n "${CUDA_VISIBLE_DEVICES+set}" ]; then  # set, even empty (no GPU): the GPUs it lists
+        NUM_GPUS="$(echo "$CUDA_VISIBLE_DEVICES" | tr ',' '\n' | grep -c . || true)"
     else
         NUM_GPUS="$( (nvidia-smi -L 2>/dev/null || true) | grep -c '^GPU' || true)"
     fi
     if ! [ "$NUM_GPUS" -gt 0 ] 2>/dev/null; then
-        echo "error: no GPU found (nvidia-smi -L); set NUM_GPUS" >&2
+        echo "error: no GPU found (CUDA_VISIBLE_DEVICES, else nvidia-smi -L); set NUM_GPUS" >&2
         exit 2
     fi
 fi
@@ -61,6 +61,10 @@ run() {  # run [VAR=value...] COMMAND ARGS...: prints the command with those var
 find_line() {  # sets TRL_VERSION and TRL_LINE (1.16.0 or 0.16.1): the trl of $ACCELERATE's Python, else stops
     local path first python=()
     path="$(command -v "$ACCELERATE" 2>/dev/null || true)"
+    if [ -z "$path" ]; then
+        echo "error: $ACCELERATE not found: install the fork with accelerate (README, Install) or set ACCELERATE" >&2
+        return 2
+    fi
     if [ -n "$path" ] && [ -f "$path" ]; then  # its shebang's Python, else the python beside it
         IFS= read -r first < "$path" || true
         if [[ "$first" == "#!"*python* ]]; then read -r -a python <<< "${first#\#!}"; fi

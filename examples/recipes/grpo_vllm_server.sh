@@ -51,7 +51,11 @@ if [ "${#gpus[@]}" -lt "$NUM_GPUS" ]; then
     exit 2
 fi
 # The server's token, in the environment of both commands (never on a command line, never printed)
-: "${VLLM_API_KEY:=$(python3 -c 'import secrets; print(secrets.token_hex(16))')}"
+: "${VLLM_API_KEY:=$(python3 -c 'import secrets; print(secrets.token_hex(16))' || true)}"
+if [ -z "$VLLM_API_KEY" ]; then
+    echo "error: no token for the server: python3 could not make one; set VLLM_API_KEY" >&2
+    exit 2
+fi
 export VLLM_API_KEY
 vllm_gpu="${gpus[0]}"
 train_gpus="$(IFS=,; echo "${gpus[*]:1:$((NUM_GPUS - 1))}")"
