@@ -11,15 +11,18 @@ PROJECT := lines/$(LINE)
 VENV ?= $(PROJECT)/.venv
 ifeq ($(LINE),0.16.1)
 EXTRAS ?= test,deepspeed,peft,scikit
-# the 0.16.1 line's tests still live in the root's tests/ (with the harness both lines use)
-LINE_TESTS := tests
-SHARED_TESTS :=
+LINE_TESTS := $(PROJECT)/tests
+# the root's tests (build layer, recipes, demo, benchmarks, the harness's own) run with this line's venv, in every
+# target that takes tests (SHARED_TESTS: `make test`; SHARED_ALL: test-slow, test-gpu, test-all)
+SHARED_TESTS := tests
+SHARED_ALL := tests
 RUFF ?= ruff==0.9.10
 else
 EXTRAS ?= test,deepspeed,peft
 LINE_TESTS := $(PROJECT)/tests
 # tests in the root's tests/ that run on every line (with the line's venv)
 SHARED_TESTS := tests/recipes/test_recipes.py tests/recipes/test_multi_machine.py tests/benchmarks/test_frozen_model_memory.py tests/demo/test_demo.py
+SHARED_ALL :=
 # the ruff release whose rules TRL 1.16.0's own tree passes (its pyproject selects rules explicitly)
 RUFF ?= ruff==0.16.10
 endif
@@ -104,10 +107,10 @@ test-dist: dev  ## every multi-process CPU test: the whole backend matrix (DIST_
 	$(PY) -m pytest -m "$(DIST_MARK)" $(LINE_TESTS)/dist $(PYTEST_ARGS)
 
 test-slow: dev  ## the slow tests that launch no distributed job (fresh-venv `pip install git+...`)
-	$(PY) -m pytest -m "slow and not dist and not gpu and not real_vllm" $(LINE_TESTS) $(PYTEST_ARGS)
+	$(PY) -m pytest -m "slow and not dist and not gpu and not real_vllm" $(LINE_TESTS) $(SHARED_ALL) $(PYTEST_ARGS)
 
 test-gpu: dev  ## the GPU cells (needs CUDA)
-	$(PY) -m pytest -m gpu $(LINE_TESTS) $$($(PY) tools/forkbuild.py --line $(LINE) patch-tests --tree $(TREE)) $(PYTEST_ARGS)
+	$(PY) -m pytest -m gpu $(LINE_TESTS) $(SHARED_ALL) $$($(PY) tools/forkbuild.py --line $(LINE) patch-tests --tree $(TREE)) $(PYTEST_ARGS)
 
 RECIPES_REPORT ?= $(PROJECT)/docs/recipes_gpu.md
 recipes-gpu: dev  ## every recipe on this machine's GPUs, 5 steps each; time per step and peak memory -> RECIPES_REPORT
@@ -115,7 +118,7 @@ recipes-gpu: dev  ## every recipe on this machine's GPUs, 5 steps each; time per
 	RECIPES_REPORT=$(RECIPES_REPORT) $(PY) -m pytest -m gpu tests/recipes $(PYTEST_ARGS)
 
 test-all: dev  ## everything but the GPU cells
-	$(PY) -m pytest -m "not gpu and not real_vllm" $(LINE_TESTS) $$($(PY) tools/forkbuild.py --line $(LINE) patch-tests --tree $(TREE)) $(PYTEST_ARGS)
+	$(PY) -m pytest -m "not gpu and not real_vllm" $(LINE_TESTS) $(SHARED_ALL) $$($(PY) tools/forkbuild.py --line $(LINE) patch-tests --tree $(TREE)) $(PYTEST_ARGS)
 
 demo: dev  ## GRPO through `trl grpo` on a tiny local model, 2 CPU processes: what the fork fixes, measured
 	$(PY) examples/demo/run_demo.py --line $(LINE) $(DEMO_ARGS)
@@ -197,13 +200,13 @@ test-real-vllm: dev venv-vllm  ## (LINE=1.16.0) a real vLLM (CPU build): `trl vl
 	PYTHONPATH=$(TREE) HF_HUB_OFFLINE=1 $(PY_VLLM) -m pytest -p no:cacheprovider $$tests $(PYTEST_ARGS)
 
 # Golden equivalence (#13): with no fork option set, the fork's per-step logged values and trained weights equal
-# the line's pristine release's, bit for bit (tests/golden, lines/0.16.1/docs/golden_equivalence.md). Not part of `make test` (marked slow + dist).
+# the line's pristine release's, bit for bit (lines/<version>/tests/golden, lines/0.16.1/docs/golden_equivalence.md). Not part of `make test` (marked slow + dist).
 .PHONY: golden
 golden: dev  ## fork vs the line's pristine base on default paths (1 process and 2-rank DDP), bit for bit
 	$(PY) -m pytest -m golden $(LINE_TESTS)/golden $(PYTEST_ARGS)
 
 # TRL 0.16.1's own test suite (#13, LINE=0.16.1): the sdist's tests/ on the pristine base and on the fork, offline (tiny models
-# and a synthetic zen dataset mapped in by tests/upstream/upstream_offline.py); fails when a test passing on the
+# and a synthetic zen dataset mapped in by lines/0.16.1/tests/upstream/upstream_offline.py); fails when a test passing on the
 # base fails on the fork. lines/0.16.1/docs/upstream_suite.md. UPSTREAM_ARGS: e.g. --files test_cli.py, --jobs 1, -- -k peft.
 .PHONY: upstream-suite
 upstream-suite: dev  ## TRL 0.16.1's own tests on the base and on the fork; per-file table; fails on regressions

@@ -86,7 +86,7 @@ def parse_args(argv=None):
         "--default-only",
         action="store_true",
         help="only the default mode, entered as TRL 0.16.1's callers enter it (no new argument), no timing: the "
-        "peak per rank while generating, for the do-no-harm memory gate (tests/golden/test_memory_gate.py)",
+        "peak per rank while generating, for the do-no-harm memory gate (tests/harness/memory_gate.py)",
     )
     parser.add_argument("--json", default=None, help="write the results to this file")
     return parser.parse_args(argv)

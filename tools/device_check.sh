@@ -5,7 +5,7 @@
 #
 #   1. `make recipes-gpu`'s tests (tests/recipes, -m gpu): one after the other, so their timings are clean;
 #      report -> $OUT/recipes_gpu.md (lines/0.16.1/docs/recipes_gpu.md's format)
-#   2. the GPU matrix (tests/dist/test_matrix_gpu.py) one concurrent pytest per backend (tiny models; one GPU
+#   2. the GPU matrix (lines/0.16.1/tests/dist/test_matrix_gpu.py) one concurrent pytest per backend (tiny models; one GPU
 #      holds all of them), bounded by MATRIX_LIMIT seconds so the call returns with what it has.
 #
 # Fill .whl/ on a machine with pip first (docs/gpu_runs.md): `pip download --no-deps --only-binary=:all:` of the pins
@@ -34,7 +34,7 @@ cp -f lines/0.16.1/docs/recipes_gpu.md "$OUT/recipes_gpu.md" 2>/dev/null
 start=$(date +%s)
 for group in ddp dataparallel fsdp1 fsdp2 zero2 zero3; do
     name=$(echo "$group" | tr -c 'a-z0-9\n' '_')
-    timeout "$MATRIX_LIMIT" python3 -m pytest -m gpu tests/dist/test_matrix_gpu.py -k "$group" -p no:cacheprovider \
+    timeout "$MATRIX_LIMIT" python3 -m pytest -m gpu lines/0.16.1/tests/dist/test_matrix_gpu.py -k "$group" -p no:cacheprovider \
         -q --junitxml="$OUT/matrix_$name.xml" >"$OUT/matrix_$name.log" 2>&1 &
 done
 wait

@@ -132,6 +132,19 @@ def files_digest(salt: bytes, paths: Iterable[Path], relative_to: Path = ROOT):
     return digest
 
 
+def repo_files() -> list[str]:
+    """Every file git tracks, or would track (not ignored), in the repository's working tree, sorted, as paths
+    relative to the root: what the heavy-step and torch-lane records choose their hashed files from
+    (``tools/step_record.py``, ``tools/torch_lane.py``). Only plain files that exist are listed."""
+    listed = subprocess.run(
+        ["git", "ls-files", "--cached", "--others", "--exclude-standard", "-z"],
+        cwd=ROOT,
+        capture_output=True,
+        check=True,
+    ).stdout.decode()
+    return [rel for rel in sorted(set(filter(None, listed.split("\0")))) if (ROOT / rel).is_file()]
+
+
 def line_pins(project: Path) -> str:
     """What a line's ``setup.py`` says, as the text of its syntax tree: its code without its docstring, its comments
     and the statement that puts the build tools on ``sys.path`` (``sys.path.insert(...)``), the only statement that

@@ -1,7 +1,7 @@
 """Run tests against the pristine base and against the fork, to show what each patch fixes.
 
-    python tools/prove.py run --tree base -- tests/dist -k grpo    # any selection, on the pristine base
-    python tools/prove.py run --tree fork -- tests/dist -k grpo    # the same, on base + the whole series
+    python tools/prove.py --line 0.16.1 run --tree base -- lines/0.16.1/tests/dist -k grpo   # any selection, base
+    python tools/prove.py --line 0.16.1 run --tree fork -- lines/0.16.1/tests/dist -k grpo   # base + the series
     python tools/prove.py run --tree 3 -- ...                      # base + the first 3 patches
     python tools/prove.py table [--matrix]                         # every patch: its tests before and after
     python tools/prove.py --line 1.16.0 table                      # the same for another line of the fork
@@ -13,8 +13,8 @@ never touched. The table runs each patch's own tests (the test classes and metho
 every test of a file it changes without adding tests to it) on the series before that patch (the pristine base
 for the first), where at least one must fail (that run stops at the first failure), and on the series up to that
 patch, where all must pass.
-``--matrix`` also runs the distributed matrix (``tests/dist``) on the pristine base and on the whole series and
-lists the cells that flip.
+``--matrix`` also runs the line's distributed matrix (``lines/<version>/tests/dist``) on the pristine base and on
+the whole series and lists the cells that flip.
 
 A table that proves every patch records the proven state in the line's ``patches/proven.json``: a hash of what the
 proof depends on (the pinned base, the series and every patch with its tests, the line's dependency bounds, and
@@ -356,11 +356,12 @@ def table(matrix: bool, extra: list[str], against_base: bool = False, skip_if_pr
         print("  ".join(cell.ljust(width) for cell, width in zip(row, widths)))
 
     if matrix:
-        selection = ["tests/dist", "-m", "dist and not gpu", *extra]
+        dist_tests = (LINE.project / "tests" / "dist").relative_to(forkbuild.ROOT).as_posix()
+        selection = [dist_tests, "-m", "dist and not gpu", *extra]
         on_base = measure(base_tree, selection, logs_dir() / "matrix.base.log", expect_failures=True)
         on_fork = measure(tree_for("fork"), selection, logs_dir() / "matrix.fork.log")
         flipped = sorted(c for c, r in on_base.cells.items() if r == "xfailed" and on_fork.cells.get(c) == "passed")
-        print("\nDistributed matrix (tests/dist)")
+        print(f"\nDistributed matrix ({dist_tests})")
         print(f"  pristine base: {on_base.summary()} ({on_base.seconds:.0f} s)")
         print(f"  fork:          {on_fork.summary()} ({on_fork.seconds:.0f} s)")
         print(f"  cells broken on the base and passing on the fork: {len(flipped)}")
@@ -385,7 +386,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--tree", default="fork", help="base, fork, or a number of patches (default: fork)")
     p.add_argument("pytest_args", nargs=argparse.REMAINDER)
     p = sub.add_parser("table", help="each patch's tests: the series before it vs with it")
-    p.add_argument("--matrix", action="store_true", help="also run tests/dist on both trees and list flipped cells")
+    p.add_argument("--matrix", action="store_true", help="also run the line's tests/dist on both trees; flipped cells")
     p.add_argument("--against-base", action="store_true", help="run each patch's tests on the pristine base instead")
     p.add_argument("--skip-if-proven", action="store_true", help="skip when patches/proven.json matches (CI)")
     p.add_argument("pytest_args", nargs=argparse.REMAINDER)

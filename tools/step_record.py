@@ -6,11 +6,10 @@
 Runs the command after ``--``; when it passes, run as CI runs it (no ``PYTEST_ADDOPTS``, no ``TRL_HARNESS_*`` in the
 environment) and with nothing it reads changed while it ran, records the step's state in the line's
 ``patches/steps_proven.json``. The state is a hash of the step's name and command, the Python version (major.minor)
-and every file the step reads (``hashed_files``): the line's own folder (patches with their tests, pins), the tools,
-the root's tests (the line's tests and the harness; not the demo's), the benchmarks (the memory gate runs one), the
-accelerate configs, the Makefile and the
-root's pyproject.toml (pytest's settings), except documentation (docs folders, markdown files) and the records
-themselves. ``--skip-if-recorded`` exits 0 without running the command when the current state is the recorded one,
+and every file the step reads (``hashed_files``): the line's own folder (its tests, patches with their tests, pins),
+the tools, the test harness (``tests/harness``), the benchmarks (the memory gate runs one), the accelerate configs,
+the Makefile and the root's pyproject.toml (pytest's settings), except documentation (docs folders, markdown files)
+and the records themselves. ``--skip-if-recorded`` exits 0 without running the command when the current state is the recorded one,
 byte for byte, and the record is at most ``MAX_AGE_DAYS`` old (new releases within the line's dependency bounds);
 anything else runs the step in full. CI never records: commit the file written by a passing run here
 (``make heavy-steps LINE=0.16.1``).
@@ -36,34 +35,27 @@ import forkbuild  # noqa: E402
 RECORD = "steps_proven.json"
 RECORDS = ("proven.json", "torch26_proven.json", RECORD)  # written by the proofs and runs: never part of a state
 MAX_AGE_DAYS = 7
-# What a maintenance line's heavy steps read outside the line's own folder (relative to the repository's root).
-SHARED = ("tools/", "tests/", "benchmarks/", "examples/accelerate_configs/", "Makefile", "pyproject.toml")
+# What a maintenance line's heavy steps read outside the line's own folder (relative to the repository's root): the
+# tools, the harness (its pytest plugin, launcher, workers' shared parts), the benchmarks (the memory gate runs one),
+# the accelerate configs, the Makefile and pytest's settings. The root's other tests (build, recipes, demo) belong to
+# no heavy step.
+SHARED = ("tools/", "tests/harness/", "benchmarks/", "examples/accelerate_configs/", "Makefile", "pyproject.toml")
 # Make variables that change what a step runs (the Makefile's `?=` settings): a run with any of them set, on make's
 # command line or in the environment, is not the step CI runs, and is never recorded.
 SETTINGS = ("PYTHON", "VENV", "EXTRAS", "RUFF", "TORCH", "TREE", "PYTEST_ARGS", "DIST_MARK", "UPSTREAM_ARGS",
             "VENV26", "TORCH26", "VENV_VLLM", "VLLM_CPU", "DEMO_ARGS", "PYTEST_ADDOPTS")  # fmt: skip
-NOT_READ = ("tests/demo/",)  # the demo's own tests (with examples/demo): no heavy step collects them
 
 
 def hashed_files(line: forkbuild.Line) -> list[str]:
     """The files a step of ``line`` reads: tracked (or not ignored) files of the line's folder and of ``SHARED``,
     without documentation (docs folders, markdown) and records."""
-    listed = subprocess.run(
-        ["git", "ls-files", "--cached", "--others", "--exclude-standard", "-z"],
-        cwd=forkbuild.ROOT,
-        capture_output=True,
-        check=True,
-    ).stdout.decode()
     own = line.project.relative_to(forkbuild.ROOT).as_posix() + "/"
     keep = []
-    for rel in sorted(set(filter(None, listed.split("\0")))):
+    for rel in forkbuild.repo_files():
         parts = rel.split("/")
         if not (rel.startswith(own) or rel in SHARED or any(s.endswith("/") and rel.startswith(s) for s in SHARED)):
             continue
-        if rel.startswith(NOT_READ):
-            continue
-        documentation = "docs" in parts[:-1] or rel.endswith(".md")
-        if documentation or parts[-1] in RECORDS or not (forkbuild.ROOT / rel).is_file():
+        if "docs" in parts[:-1] or rel.endswith(".md") or parts[-1] in RECORDS:
             continue
         keep.append(rel)
     return keep

@@ -5,9 +5,9 @@
 
 One pytest session, in this interpreter, over
 
-- ``tests/build`` without the ``slow`` tests,
+- the build tests (``tests/build``, ``lines/0.16.1/tests/build``) without the ``slow`` tests,
 - the patches' own tests (the test files the series adds or changes, inside the fork tree),
-- the matrix cells of ``LANE_CELLS`` (``tests/dist/test_matrix.py``, all four checks of each launch),
+- the matrix cells of ``LANE_CELLS`` (``lines/0.16.1/tests/dist/test_matrix.py``, all four checks of each launch),
 
 with ``PYTHONPATH`` set to the 0.16.1 line's ``build/trees/upto-NNNN`` (base + ``patches/series``, rebuilt by
 ``tools/prove.py`` when the series changes), so the test process and every worker that ``accelerate launch``
@@ -190,19 +190,11 @@ def _hashed_files() -> list[str]:
     """Every file git tracks (or would track) in the repository, as in the working tree, except documentation
     folders and the proof records: the lane runs tests that read README.md and lines/, builds a wheel from a clone
     of the whole tree, and launches with examples/accelerate_configs."""
-    listed = subprocess.run(
-        ["git", "ls-files", "--cached", "--others", "--exclude-standard", "-z"],
-        cwd=forkbuild.ROOT,
-        capture_output=True,
-        check=True,
-    ).stdout.decode()
-    keep = []
-    for rel in sorted(set(filter(None, listed.split("\0")))):
-        parts = rel.split("/")
-        if "docs" in parts[:-1] or parts[-1] in PROOF_RECORDS or not (forkbuild.ROOT / rel).is_file():
-            continue
-        keep.append(rel)
-    return keep
+    return [
+        rel
+        for rel in forkbuild.repo_files()
+        if "docs" not in rel.split("/")[:-1] and rel.rsplit("/", 1)[-1] not in PROOF_RECORDS
+    ]
 
 
 def lane_state(torch_requirement: str) -> str:
@@ -281,8 +273,9 @@ def main(argv: list[str]) -> int:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     sys.path.insert(0, str(tree))
     os.chdir(forkbuild.ROOT)
-    args = ["-p", "no:cacheprovider", "-m", "not gpu", "tests/build", *map(str, patch_tests)]
-    args += ["tests/dist/test_matrix.py", "tests/dist/test_harness_teardown.py", *argv]
+    own = LINE.project.relative_to(forkbuild.ROOT) / "tests"
+    args = ["-p", "no:cacheprovider", "-m", "not gpu", "tests/build", str(own / "build"), *map(str, patch_tests)]
+    args += [str(own / "dist" / "test_matrix.py"), "tests/harness/test_harness_teardown.py", *argv]
     counts = _Counts()
     code = pytest.main(args, plugins=[LanePlugin(tree, patch_tests), counts])
     isolated_done = []

@@ -7,9 +7,9 @@
 The test files are the pristine base's ``tests/`` (``build/trees/base/tests``): the same upstream files run on
 both trees, copied into a scratch directory (``from tests.testing_utils import ...`` resolves there), with
 ``PYTHONPATH`` selecting the tree's ``trl`` as ``tools/prove.py`` does. The patches' own new test files are not
-part of this gate. ``tests/upstream/upstream_offline.py`` (loaded with ``-p``) maps the hub ids the tests load to
-tiny local models, a tokenizer with a chat template and a synthetic ``trl-internal-testing/zen``; it is built
-once here and shared by both runs.
+part of this gate. ``lines/0.16.1/tests/upstream/upstream_offline.py`` (loaded with ``-p``) maps the hub ids the
+tests load to tiny local models, a tokenizer with a chat template and a synthetic ``trl-internal-testing/zen``; it is
+built once here and shared by both runs.
 
 Exit status: 0 when every test that passes on the base passes on the fork; 1 when one fails, errors or is missing
 on the fork (a regression), when nothing ran, when pytest could not run (exit 2-5), or when a required file
@@ -34,7 +34,8 @@ import forkbuild  # noqa: E402
 import prove  # noqa: E402
 
 
-PLUGIN_DIR = forkbuild.ROOT / "tests" / "upstream"
+# the offline plugin, in the 0.16.1 line's tests (TRL 0.16.1's own suite is that line's gate)
+PLUGIN_DIR = forkbuild.get_line("0.16.1").project / "tests" / "upstream"
 
 # The files of the trainers and helpers the series touches: each must run (some passing test) on both trees.
 REQUIRED = (

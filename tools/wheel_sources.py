@@ -3,7 +3,7 @@
 pip picks the wheel for a requirement from the user's configured index (its configuration applies: nothing here
 names an index), only the files a caller selects are fetched (HTTP range requests, or pip downloads the whole wheel),
 and they are unpacked into the cache (TRL_FORK_CACHE, else ~/.cache/trl-fork). `Sources` parses them with `ast` on
-demand. The vLLM contract tests of the lines use it (tests/build/test_vllm_contract.py,
+demand. The vLLM contract tests of the lines use it (lines/0.16.1/tests/build/test_vllm_contract.py,
 lines/1.16.0/tests/build/test_vllm_contract.py).
 """
 

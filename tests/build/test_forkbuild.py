@@ -403,7 +403,7 @@ def test_wheel_from_fresh_clone(clone, tmp_path):
     assert "trl/trainer/grpo_trainer.py" in names and not any(n.startswith("tests/") for n in names)
     assert all(name in info for name in series)
     assert re.search(r"^Requires-Dist: transformers<[\d.]+,>=4\.46\.0$", metadata, re.M)
-    # the tested vLLM range (lines/0.16.1/docs/vllm_version.md, tests/build/test_vllm_contract.py)
+    # the tested vLLM range (lines/0.16.1/docs/vllm_version.md, lines/0.16.1/tests/build/test_vllm_contract.py)
     assert re.search(r'^Requires-Dist: vllm<0\.8\.2,>=0\.7\.2; .*extra == "vllm"$', metadata, re.M), metadata
 
     site = tmp_path / "site"

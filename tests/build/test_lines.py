@@ -69,8 +69,9 @@ def test_make_works_on_the_default_line_and_line_selects_the_other():
 
 def test_a_maintenance_step_is_skipped_only_while_what_it_reads_is_unchanged(tmp_path, monkeypatch, capsys):
     """CI skips the 0.16.1 line's heavy steps (`make heavy-steps LINE=0.16.1 SKIP_IF_RECORDED=1`) when the files they
-    read are the ones of their recorded passing run: an edit to README or to another line does not run them again, an
-    edit to a tool, a test or the line's patches does."""
+    read are the ones of their recorded passing run: an edit to README, to another line or to a root test that no
+    heavy step collects (the recipes') does not run them again; an edit to a tool, to the line's tests or to the
+    harness does."""
     repo = tmp_path / "repo"
     for rel, text in {
         "lines/0.16.1/patches/base.json": (forkbuild.get_line("0.16.1").patches / "base.json").read_text(),
@@ -79,6 +80,8 @@ def test_a_maintenance_step_is_skipped_only_while_what_it_reads_is_unchanged(tmp
         "tools/tool.py": "x = 1\n",
         "tests/harness/h.py": "y = 1\n",
         "tests/harness/README.md": "harness doc\n",
+        "tests/recipes/test_r.py": "z = 1\n",
+        "lines/0.16.1/tests/dist/test_d.py": "w = 1\n",
         "README.md": "readme\n",
         "docs/d.md": "doc\n",
     }.items():
@@ -91,7 +94,8 @@ def test_a_maintenance_step_is_skipped_only_while_what_it_reads_is_unchanged(tmp
     monkeypatch.delenv("PYTEST_ADDOPTS", raising=False)
     line = forkbuild.get_line("0.16.1")
     assert step_record.hashed_files(line) == [
-        "lines/0.16.1/patches/base.json", "lines/0.16.1/patches/series", "tests/harness/h.py", "tools/tool.py"
+        "lines/0.16.1/patches/base.json", "lines/0.16.1/patches/series", "lines/0.16.1/tests/dist/test_d.py",
+        "tests/harness/h.py", "tools/tool.py",
     ]  # fmt: skip
     step = ["--line", "0.16.1", "--step", "s"]
     # not the step as CI runs it: passes, records nothing
@@ -105,12 +109,15 @@ def test_a_maintenance_step_is_skipped_only_while_what_it_reads_is_unchanged(tmp
     assert "no matching record" in capsys.readouterr().out
     skip = [*step, "--skip-if-recorded", "--", "true"]
     assert step_record.main(skip) == 0 and "skipped" in capsys.readouterr().out
-    for rel in ("README.md", "docs/d.md", "tests/harness/README.md", f"lines/{NEW}/patches/base.json"):
+    unread = ("README.md", "docs/d.md", "tests/harness/README.md", "tests/recipes/test_r.py", f"lines/{NEW}/patches/base.json")
+    for rel in unread:
         (repo / rel).write_text("changed\n")
         assert step_record.main(skip) == 0 and "skipped" in capsys.readouterr().out, rel
-    (repo / "tools" / "tool.py").write_text("x = 2\n")
-    assert step_record.main([*step, "--skip-if-recorded", "--", "false"]) == 1  # ran: a tool it reads changed
-    assert "running it" in capsys.readouterr().out
+    for rel in ("tools/tool.py", "lines/0.16.1/tests/dist/test_d.py", "tests/harness/h.py"):
+        assert step_record.main([*step, "--", "true"]) == 0 and "recorded" in capsys.readouterr().out
+        (repo / rel).write_text("changed = 2\n")
+        assert step_record.main([*step, "--skip-if-recorded", "--", "false"]) == 1, rel  # ran: a file it reads changed
+        assert "running it" in capsys.readouterr().out
 
 
 def test_unknown_line_is_one_clear_error():

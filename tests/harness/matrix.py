@@ -1,7 +1,7 @@
 """The trainer x backend matrix: cell runner and the checks shared by the CPU and GPU matrix tests.
 
-One launch per cell (``tests/dist/matrix_worker.py``), cached for the session; each check reads that
-launch's per-rank JSON facts:
+One launch per cell (the line's worker, ``lines/0.16.1/tests/dist/matrix_worker.py``), cached for the session; each
+check reads that launch's per-rank JSON facts:
 
 - ``trains``:    the launch succeeded; every rank did ``steps`` optimizer steps with finite losses; each
                  rank generated from its own prompts (disjoint across ranks).
@@ -25,7 +25,6 @@ from .launcher import BACKENDS, DEFAULT_TIMEOUT, WorkerFailure, launch
 from .marks import CellFailure, fixed_issues
 
 
-WORKER = Path(__file__).resolve().parents[1] / "dist" / "matrix_worker.py"
 TRAINERS = ("grpo", "online_dpo_judge", "online_dpo_rm", "rloo", "ppo")
 BACKEND_NAMES = ("ddp", "fsdp1", "fsdp2", "zero2", "zero3", "dataparallel")
 CHECKS = ("trains", "wrapping", "placement", "frozen")
@@ -58,10 +57,12 @@ class CellRun:
 class MatrixRunner:
     """Launches each (trainer, backend, device) cell once per session."""
 
-    instances = []  # for the terminal summary (tests/conftest.py)
+    instances = []  # for the terminal summary (harness.pytest_plugin)
 
-    def __init__(self, fixtures_dir, work_dir, *, steps=STEPS, timeout=DEFAULT_TIMEOUT):
+    def __init__(self, fixtures_dir, work_dir, *, worker, steps=STEPS, timeout=DEFAULT_TIMEOUT):
+        """``worker``: the line's matrix worker script (one launch trains one trainer and writes its facts)."""
         MatrixRunner.instances.append(self)
+        self.worker = Path(worker)
         self.fixtures_dir = Path(fixtures_dir)
         self.work_dir = Path(work_dir)
         self.steps = steps
@@ -78,7 +79,7 @@ class MatrixRunner:
             args = ["--trainer", trainer, "--backend", backend, "--fixtures", str(self.fixtures_dir)]
             args += ["--out", str(out), "--steps", str(self.steps)]
             result = launch(
-                WORKER,
+                self.worker,
                 args,
                 backend=backend,
                 workdir=cell_dir,

@@ -1,5 +1,5 @@
-"""The 1.16.0 line's golden runs: the 0.16.1 line's runner (``tests/golden/golden_runs.py``) with this line's
-trees, worker and accelerate >= 1.10 launcher (``tests/harness/accelerate110.py``)."""
+"""The 1.16.0 line's golden runs: the shared runner (``harness.golden.GoldenRunner``) with this line's trees, worker
+and accelerate >= 1.10 launcher (``tests/harness/accelerate110.py``)."""
 
 import os
 import sys
@@ -10,15 +10,14 @@ import pytest
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[3]
-for _path in (ROOT / "tests" / "golden", ROOT / "tests"):
-    if str(_path) not in sys.path:
-        sys.path.insert(0, str(_path))
+if str(ROOT / "tests") not in sys.path:
+    sys.path.insert(0, str(ROOT / "tests"))  # import harness
 for _var in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "TRANSFORMERS_OFFLINE"):
     os.environ.setdefault(_var, "1")
 
-from golden_runs import GoldenRunner, tree_paths  # noqa: E402
 from harness import accelerate110  # noqa: E402
 from harness.fixtures import build_fixtures  # noqa: E402
+from harness.golden import GoldenRunner, tree_paths  # noqa: E402
 
 
 def pytest_configure(config):

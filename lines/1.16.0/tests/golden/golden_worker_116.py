@@ -1,5 +1,5 @@
-"""One golden-equivalence run on the 1.16.0 line: the 0.16.1 line's worker (``tests/golden/golden_worker.py``:
-train a few steps, record every logged value and the trained weights) with the 1.16.0 trainers, built as the
+"""One golden-equivalence run on the 1.16.0 line: the shared worker (``tests/harness/golden_worker.py``: train a few
+steps, record every logged value and the trained weights) with the 1.16.0 trainers, built as the
 1.16.0 matrix builds them (``lines/1.16.0/tests/dist/matrix_worker.py``: tiny fixtures, float32 on CPU, no fork
 option set). The tree (pristine TRL 1.16.0 or the fork) is chosen by ``PYTHONPATH``.
 """
@@ -10,10 +10,10 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[3]
-sys.path[:0] = [str(ROOT / "tests"), str(ROOT / "tests" / "golden"), str(HERE.parent / "dist")]
+sys.path[:0] = [str(ROOT / "tests"), str(HERE.parent / "dist")]
 
-import golden_worker  # noqa: E402
 import matrix_worker  # noqa: E402
+from harness import golden_worker  # noqa: E402
 
 
 TRAINERS = ("grpo", "rloo", "online_dpo", "gkd", "dpo", "kto")

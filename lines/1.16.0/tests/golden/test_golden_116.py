@@ -3,14 +3,14 @@
 Each case (trainer x mode) runs on pristine TRL 1.16.0 and on the fork with the same seeds and fixtures; rank 0's
 logged values at every step, the sha256 of every trained tensor and of every weight file the final ``save_model``
 writes must be equal, bit for bit. The comparison is the
-0.16.1 line's (``tests/golden/test_golden.py``); there is no deliberate difference on this line yet.
+shared one (``harness.golden``), as on the 0.16.1 line; there is no deliberate difference on this line yet.
 
     make golden LINE=1.16.0
 """
 
+import harness.golden as shared
 import pytest
-import test_golden as shared
-from golden_runs import VERDICTS
+from harness.golden import VERDICTS
 
 
 pytestmark = [pytest.mark.golden, pytest.mark.slow, pytest.mark.dist]
@@ -26,8 +26,8 @@ def test_golden_116(trainer, mode, golden_runner):
     runs = golden_runner.pair(trainer, mode)
     base, fork = runs["base"], runs["fork"]
     for run in (base, fork):
-        shared._check_tree(run, golden_runner.trees)
-        shared._check_trained(run)
+        shared.check_tree(run, golden_runner.trees)
+        shared.check_trained(run)
     logs = shared.log_differences(base.result["logs"], fork.result["logs"], timing=TIMING_KEYS)
     weights = shared.weight_differences(base, fork)
     if not logs and not weights:

@@ -1,7 +1,7 @@
 """Do no harm, in memory, on the 1.16.0 line: with no fork option set (no `gather_budget_mb`), generation holds no
 more parameter memory on the fork than on TRL 1.16.0, under FSDP1, FSDP2 and ZeRO-3 (issue 29).
 
-The 0.16.1 line's gate (``tests/golden/test_memory_gate.py``) with this line's trees: ``benchmarks/generation_memory.py
+The shared gate (``tests/harness/memory_gate.py``) with this line's trees: ``benchmarks/generation_memory.py
 --default-only`` runs ``unwrap_model_for_generation(model, accelerator)`` as TRL 1.16.0's trainers enter it (FSDP1: the
 root unsharded with ``summon_full_params(recurse=False)``), then greedy ``generate()``, on 2 gloo ranks.
 
@@ -9,8 +9,8 @@ root unsharded with ``summon_full_params(recurse=False)``), then greedy ``genera
 """
 
 import pytest
-from golden_runs import tree_paths
-from test_memory_gate import check_default_path_memory, measure
+from harness.golden import tree_paths
+from harness.memory_gate import check_default_path_memory, measure
 
 
 pytestmark = [pytest.mark.golden, pytest.mark.slow, pytest.mark.dist]

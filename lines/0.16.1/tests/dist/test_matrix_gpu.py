@@ -5,11 +5,11 @@ Same worker and checks as the CPU matrix, launched with the user configs in ``ex
 shim.  With one GPU each backend runs at world size 1: FSDP1/FSDP2 then leave GRPO's reference model on the
 CPU while the policy is on ``cuda:0`` (the seed's device mismatch), which ``placement`` and ``trains`` show
 for real.  ``dataparallel`` forces ``n_gpu = 2`` as on the CPU (``DataParallel`` over one device).
-Expectations: ``harness/expectations.py`` (``gpu_expected``; derived, not yet measured on a GPU).
+Expectations: ``expectations.py`` (``gpu_expected``; derived, not yet measured on a GPU).
 """
 
 import pytest
-from harness.expectations import gpu_expected
+from expectations import gpu_expected
 from harness.launcher import gpu_count
 from harness.marks import marks_for
 from harness.matrix import BACKEND_NAMES, CHECK_FUNCTIONS, CHECKS, TRAINERS

@@ -2,14 +2,14 @@
 
 Every cell is one launch of ``matrix_worker.py``; the four checks of a cell (``trains``, ``wrapping``,
 ``placement``, ``frozen``; see ``harness/matrix.py``) read that launch's facts.  Cells known broken on the
-pristine base carry strict marks keyed by the fixing issue (``harness/expectations.py``).
+pristine base carry strict marks keyed by the fixing issue (``expectations.py``).
 
     pytest tests/dist/test_matrix.py -m "dist and not slow"      # fast subset
     pytest tests/dist/test_matrix.py -k "grpo and fsdp1"          # one cell
 """
 
 import pytest
-from harness.expectations import CPU_EXPECTED, SLOW_CELLS
+from expectations import CPU_EXPECTED, SLOW_CELLS
 from harness.marks import marks_for
 from harness.matrix import BACKEND_NAMES, CHECK_FUNCTIONS, CHECKS, TRAINERS
 

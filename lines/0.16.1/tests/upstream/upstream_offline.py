@@ -1,6 +1,6 @@
 """pytest plugin: run TRL 0.16.1's own test suite (the sdist's ``tests/``) offline.
 
-Load it with ``-p upstream_offline`` (``tests/upstream`` on ``sys.path``); ``tools/upstream_suite.py`` does.
+Load it with ``-p upstream_offline`` (``lines/0.16.1/tests/upstream`` on ``sys.path``); ``tools/upstream_suite.py`` does.
 At import it points the Hugging Face caches at a fresh temporary directory (or ``TRL_UPSTREAM_HUB_DIR``), and
 at configure time it builds there, in a few seconds:
 

@@ -1,6 +1,6 @@
 """What each matrix cell does on the pristine base (TRL 0.16.1), keyed by the issue that fixes it.
 
-Measured on CPU (2 gloo ranks; DataParallel: 1 process with ``n_gpu = 2``) with ``tests/dist/test_matrix.py``.
+Measured on CPU (2 gloo ranks; DataParallel: 1 process with ``n_gpu = 2``) with ``test_matrix.py`` (this folder).
 ``CPU_EXPECTED[(trainer, backend, check)]`` lists the :class:`~harness.marks.Broken` entries of a check; an
 absent key means the check passes on the base.  Entries are built from three tables:
 
@@ -12,11 +12,11 @@ absent key means the check passes on the base.  Entries are built from three tab
 
 Add a cell: add the trainer to ``harness.matrix.TRAINERS`` and the worker, run it, and add a row here for each
 failing check with the issue that fixes it (``known_broken``) or, when no open issue does, ``limitation``
-(and a line in ``tests/dist/LIMITATIONS.md``).
+(and a line in ``LIMITATIONS.md`` here).
 """
 
-from .marks import known_broken, limitation
-from .matrix import BACKEND_NAMES, CHECKS, TRAINERS
+from harness.marks import known_broken, limitation
+from harness.matrix import BACKEND_NAMES, CHECKS, TRAINERS
 
 
 GRPO, ODPO_J, ODPO_RM, RLOO, PPO = TRAINERS

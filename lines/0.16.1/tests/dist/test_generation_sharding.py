@@ -48,7 +48,7 @@ import traceback
 from pathlib import Path
 
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/ -> import harness (when run as the worker)
+sys.path.insert(0, str(Path(__file__).resolve().parents[4] / "tests"))  # import harness (also as the worker)
 
 TRAINERS = ("grpo", "online_dpo", "rloo", "ppo", "gkd")
 BACKENDS = ("fsdp1", "fsdp2", "zero3")
@@ -551,7 +551,7 @@ else:
 
     def _cli_expected(backend):
         entries = [known_broken(7, match=CLI_NOT_USED, why="`trl grpo` has no --disable_unwrapping_for_generation")]
-        if backend == "zero3":  # the CLI's reward model under ZeRO-3 (tests/harness/expectations.py: GRPO x zero3)
+        if backend == "zero3":  # the CLI's reward model under ZeRO-3 (expectations.py: GRPO x zero3)
             entries.append(known_broken(6, match=WEIGHT_2D_IN_REWARD, why="ZeRO-3 reward model never prepared"))
         if backend == "fsdp1":
             # The script's final trainer.save_model(): FULL_STATE_DICT with offload_to_cpu (what accelerate asks for)

@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tools"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[4] / "tools"))
 import upstream_suite  # noqa: E402
 from upstream_suite import Run, compare, read_junit  # noqa: E402
 

@@ -24,7 +24,7 @@ from typing import Callable, Optional
 import pytest
 
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[4]
 sys.path.insert(0, str(ROOT / "tools"))
 import wheel_sources  # noqa: E402
 from wheel_sources import (  # noqa: E402

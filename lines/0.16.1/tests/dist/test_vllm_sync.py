@@ -32,7 +32,7 @@ from pathlib import Path
 import pytest
 
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/ -> import harness
+sys.path.insert(0, str(Path(__file__).resolve().parents[4] / "tests"))  # import harness
 
 from harness.launcher import launch
 from harness.marks import CellFailure, fixed_issues, known_broken, marks_for

@@ -1,33 +1,21 @@
-"""Do no harm, in memory: on default paths the fork generates within the memory TRL 0.16.1 generates in (issue 25).
+"""The memory gate's measurement, for every line (``lines/<version>/tests/golden/test_memory_gate*.py``): with no
+fork option set, generation holds no more parameter memory on the fork than on the line's pristine release.
 
-The golden gate compares numbers and the upstream suite behaviour; neither measures memory, and the fork once made
-FSDP2 generation gather the whole model for users who set nothing (0.16.1: one module at a time). This gate runs
-``benchmarks/generation_memory.py --default-only`` on the pristine base and on the fork (trees of ``tools/prove.py``)
-with the same tiny Qwen2 model on 2 gloo ranks: ``unwrap_model_for_generation(model, accelerator)`` entered as
-0.16.1's trainers enter it, then greedy ``generate()``. The probe samples, at every module's forward, the bytes of
-every storage holding parameter data (shards, gathered parameters, FSDP2 all-gather outputs).
-
-Per backend and rank: the fork's peak must not exceed the base's by more than ``SLACK`` and its tokens must equal the
-plain model's where the base's do. FSDP1 is not compared: 0.16.1 cannot generate under FSDP1 at all (``'weight' must
-be 2-D``, fixed by patch 0015), so there is no base figure.
-
-    pytest -m golden tests/golden/test_memory_gate.py      # part of `make golden`
+``measure`` runs ``benchmarks/generation_memory.py --default-only`` on the pristine base and on the fork (trees of
+``tools/prove.py``) with the same tiny Qwen2 model on 2 gloo ranks: ``unwrap_model_for_generation(model,
+accelerator)`` entered as the line's trainers enter it, then greedy ``generate()``. The probe samples, at every
+module's forward, the bytes of every storage holding parameter data (shards, gathered parameters, FSDP2 all-gather
+outputs). ``check_default_path_memory``: per backend and rank, the fork's peak must not exceed the base's by more
+than ``SLACK`` and its tokens must equal the plain model's where the base's do.
 """
 
 import json
 import sys
 
-import pytest
-from golden_runs import tree_paths
-from harness.launcher import REPO_ROOT, run_benchmark
+from .launcher import REPO_ROOT, run_benchmark
 
-
-pytestmark = [pytest.mark.golden, pytest.mark.slow, pytest.mark.dist]
 
 BENCHMARK = REPO_ROOT / "benchmarks" / "generation_memory.py"
-# FSDP2 (0.16.1: FSDP2's own hooks, one module at a time) and ZeRO-3 with DeepSpeed releasing each module after its
-# forward (0.16.1: the whole model gathered once for generation)
-BACKENDS = ("fsdp2", "zero3-release")
 MODEL = ["--layers", "4", "--hidden", "256", "--intermediate", "768", "--heads", "4", "--vocab", "8000"]
 GENERATION = ["--batch", "1", "--prompt", "8", "--new-tokens", "4"]
 SLACK = 1.02  # the fork may hold at most 2 % more than the base at its peak
@@ -62,13 +50,3 @@ def check_default_path_memory(peaks, backend, base_name):
         )
         assert f["default"]["matches_plain"] or not b["default"]["matches_plain"], where
         assert f["resident_bytes"] == b["resident_bytes"], where
-
-
-@pytest.fixture(scope="module")
-def peaks(tmp_path_factory):
-    return measure(tree_paths(), BACKENDS, tmp_path_factory)
-
-
-@pytest.mark.parametrize("backend", BACKENDS)
-def test_default_path_generation_memory(peaks, backend):
-    check_default_path_memory(peaks, backend, "TRL 0.16.1")

@@ -21,7 +21,7 @@ import traceback
 from pathlib import Path
 
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/ -> import harness
+sys.path.insert(0, str(Path(__file__).resolve().parents[4] / "tests"))  # import harness
 
 TRAINERS = ("grpo", "online_dpo_judge", "online_dpo_rm", "rloo", "ppo")
 
