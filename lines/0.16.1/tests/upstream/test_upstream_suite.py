@@ -1,4 +1,4 @@
-"""The upstream-suite gate's verdict (tools/upstream_suite.py): which base-vs-fork outcomes fail it."""
+"""The upstream-suite gate's verdict (lines/0.16.1/tools/upstream_suite.py): which base-vs-fork outcomes fail it."""
 
 import sys
 from pathlib import Path
@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[4] / "tools"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tools"))
 import upstream_suite  # noqa: E402
 from upstream_suite import Run, compare, read_junit  # noqa: E402
 

@@ -41,7 +41,7 @@ from pathlib import Path
 import pytest
 
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "tools"))  # the shared build and proof tools
 import forkbuild  # noqa: E402
 import prove  # noqa: E402
 

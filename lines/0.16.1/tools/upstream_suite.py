@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "tools"))  # the shared build and proof tools
 import forkbuild  # noqa: E402
 import prove  # noqa: E402
 
