@@ -214,8 +214,8 @@ upstream-suite: dev  ## TRL 0.16.1's own tests on the base and on the fork; per-
 	$(PY) $(PROJECT)/tools/upstream_suite.py $(UPSTREAM_ARGS)
 
 # --- the 0.16.1 line in maintenance (#39 item 4): its heavy CI steps, each skipped by CI (SKIP_IF_RECORDED=1) when
-# what it reads (the line's folder, tools/, tests/, the accelerate configs, Makefile, pyproject.toml; no docs) is
-# byte-identical to the state it passed on here, at most 7 days ago. A passing run outside CI records each step in
+# what it reads (the line's folder, tools/, tests/harness/, benchmarks/, the accelerate configs, Makefile,
+# pyproject.toml; no docs) is byte-identical to the state it passed on here, at most 7 days ago. A passing run outside CI records each step in
 # lines/0.16.1/patches/steps_proven.json (tools/step_record.py): commit it. Its fast tests (`make test`) always run.
 SKIP_IF_RECORDED ?=
 STEP = $(PYTHON) tools/step_record.py --line $(LINE) $(if $(filter 1,$(SKIP_IF_RECORDED)),--skip-if-recorded) --step

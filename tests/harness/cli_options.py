@@ -4,7 +4,7 @@
 
 dumps them for the `trl` importable from ``<tree>`` (TRL 0.16.1 or 1.16.0: each builds its command parsers its own
 way); ``problems(base, fork)`` lists what the fork drops or changes, ``added(base, fork)`` what it adds. Used by
-``tests/build/test_cli_compat.py`` (0.16.1 line) and ``lines/1.16.0/tests/build/test_cli_compat.py``.
+``lines/0.16.1/tests/build/test_cli_compat.py`` and ``lines/1.16.0/tests/build/test_cli_compat.py``.
 """
 
 from __future__ import annotations

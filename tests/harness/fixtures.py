@@ -13,7 +13,7 @@ load them from the local paths with ``HF_HUB_OFFLINE=1``:
     <dir>/data/preference/      {train,test}.parquet, columns "prompt", "chosen", "rejected"
     <dir>/manifest.json
 
-Usable from pytest (session fixture in ``tests/conftest.py``), from worker scripts and from the demo.
+Usable from pytest (session fixture in ``harness.pytest_plugin``), from worker scripts and from the demo.
 """
 
 import json

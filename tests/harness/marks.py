@@ -4,7 +4,7 @@ A cell's expectation is a list of :class:`Broken` entries.  An entry is *active*
 the fork's ``trl._fork_info.FIXED_ISSUES`` (no ``_fork_info`` file, as in pristine TRL: nothing fixed); a
 known limitation (no issue) is always active.  While any entry is active the cell is
 ``xfail(strict=True, raises=KnownFailure)``: it must fail, and fail *the way the entry says*
-(``tests/conftest.py`` turns a failure whose text matches an active entry's regex into ``KnownFailure``;
+(``harness.pytest_plugin`` turns a failure whose text matches an active entry's regex into ``KnownFailure``;
 any other failure stays a plain failure).  Once every entry's issue is fixed the mark disappears and the
 cell must pass.  So a cell that starts passing without its fix, keeps failing with it, or fails for a new
 reason, fails the run.

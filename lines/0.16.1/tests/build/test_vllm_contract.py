@@ -11,7 +11,7 @@ The `vllm` extra is bounded by setup.py's TESTED_UPPER_BOUNDS. The tests check t
 (it must keep the whole contract) and the bound itself (it must break it: the bound sits where the contract breaks).
 lines/0.16.1/docs/vllm_version.md has the table for every release from 0.7.2 on; reproduce it with
 
-    python tests/build/test_vllm_contract.py 0.7.2 0.7.3 0.8.0 ...
+    python lines/0.16.1/tests/build/test_vllm_contract.py 0.7.2 0.7.3 0.8.0 ...
 """
 
 import ast
@@ -325,7 +325,7 @@ def test_the_upper_bound_is_the_first_release_that_breaks_the_contract():
 
 
 if __name__ == "__main__":
-    # python tests/build/test_vllm_contract.py VERSION...: the evidence table of lines/0.16.1/docs/vllm_version.md
+    # python lines/0.16.1/tests/build/test_vllm_contract.py VERSION...: the evidence table of lines/0.16.1/docs/vllm_version.md
     for wanted in sys.argv[1:]:
         version, root = fetch_sources(f"vllm=={wanted}")
         failures = broken(root)

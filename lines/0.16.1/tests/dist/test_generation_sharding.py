@@ -31,8 +31,8 @@ Checks of a cell:
 On the pristine base every cell fails at config time (no such field); some cells also need other issues' fixes
 (marked with them).  Run:
 
-    pytest tests/dist/test_generation_sharding.py -m "dist and not slow"   # GRPO on the three backends
-    pytest tests/dist/test_generation_sharding.py                            # all trainers, and the CLI
+    pytest lines/0.16.1/tests/dist/test_generation_sharding.py -m "dist and not slow"   # GRPO on the three backends
+    pytest lines/0.16.1/tests/dist/test_generation_sharding.py                            # all trainers, and the CLI
 
 The CLI cells run ``trl grpo ... --disable_unwrapping_for_generation`` (the accelerate default config selects the
 backend, as for users); a start-up hook (this file, through ``TRL_HARNESS_PRELOAD``) records the same facts while

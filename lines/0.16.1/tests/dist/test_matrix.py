@@ -4,8 +4,8 @@ Every cell is one launch of ``matrix_worker.py``; the four checks of a cell (``t
 ``placement``, ``frozen``; see ``harness/matrix.py``) read that launch's facts.  Cells known broken on the
 pristine base carry strict marks keyed by the fixing issue (``expectations.py``).
 
-    pytest tests/dist/test_matrix.py -m "dist and not slow"      # fast subset
-    pytest tests/dist/test_matrix.py -k "grpo and fsdp1"          # one cell
+    pytest lines/0.16.1/tests/dist/test_matrix.py -m "dist and not slow"      # fast subset
+    pytest lines/0.16.1/tests/dist/test_matrix.py -k "grpo and fsdp1"          # one cell
 """
 
 import pytest

@@ -12,8 +12,8 @@ by the bucket like the others).
 
 This file is both the pytest module and the worker script the launches run (``__main__``).
 
-    pytest tests/dist/test_vllm_sync.py                      # the 6 cells
-    pytest tests/dist/test_vllm_sync.py -k "fsdp1 and not peft"
+    pytest lines/0.16.1/tests/dist/test_vllm_sync.py                      # the 6 cells
+    pytest lines/0.16.1/tests/dist/test_vllm_sync.py -k "fsdp1 and not peft"
 
 On the pristine base the FSDP1 and FSDP2 cells fail (flat-shard names / DTensor shards sent to vLLM; with PEFT
 under FSDP1 the merge itself crashes on the flat shards) and so does ZeRO-3 with PEFT (the whole model gathered

@@ -1,5 +1,5 @@
 """pytest wiring of the 1.16.0 line's distributed tests: the harness on ``sys.path``, the tiny fixtures, the
-per-session matrix, strict marks turned into ``KnownFailure`` (as ``tests/conftest.py`` does for the 0.16.1 line)
+per-session matrix, strict marks turned into ``KnownFailure`` (as ``harness.pytest_plugin`` does for the 0.16.1 line)
 and the matrix table at the end of the run (``TRL_MATRIX_REPORT=<file>`` also writes it as markdown).
 """
 
