@@ -93,8 +93,8 @@ check-roundtrip:  ## materialize + export must leave patches/ byte-identical
 check-tracked:  ## fail if git tracks any upstream TRL source (of any line)
 	$(PYTHON) tools/forkbuild.py check-tracked
 
-pr-branches:  ## make pr/NNNN-* (base + one patch) and pr-stack/NNNN-* branches in trl-src/
-	$(FORKBUILD) pr-branches --src $(TREE)
+pr-branches:  ## make pr/NNNN-* (base + what its Depends: names + the patch) and pr-stack/NNNN-* branches in trl-src/
+	$(FORKBUILD) pr-branches --src $(TREE) $(if $(filter 1.16.0,$(LINE)),--strict)
 
 info:  ## show the base and the series
 	$(FORKBUILD) info

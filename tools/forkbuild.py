@@ -551,56 +551,95 @@ def pr_description(message: str, *, base: str, depends_on: list[str] = ()) -> st
         lines += [f"## {title}", "", "\n\n".join(body) or "(not stated in the patch header)", ""]
     lines += ["## Upstream status", "", status, "", f"Written against trl {base}."]
     if depends_on:
-        lines.append(f"Does not apply to trl {base} alone; stacked on: " + "; ".join(depends_on))
+        lines.append("Depends on (to merge first): " + "; ".join(depends_on))
     return "\n".join(lines) + "\n"
+
+
+def declared_depends(message: str) -> list[int]:
+    """The patch numbers a header's `Depends:` trailer names (the four-digit numbers before any explanation)."""
+    _, _, trailers = split_message(message)
+    value = trailers.get("Depends", "").partition("(")[0]
+    return [int(number) for number in re.findall(r"\b(\d{4})\b", value)]
 
 
 def pr_branches(
     src: Path = DEV_TREE, *, patches_dir: Path = PATCHES_DIR, descriptions: Path = PR_DESCRIPTIONS
 ) -> list[str]:
-    """Create ``pr/<slug>`` (base tag + that patch alone) and ``pr-stack/<slug>`` (the series up to it), and write
-    each PR's description to ``descriptions/<NNNN-slug>.md``."""
+    """Create ``pr/<slug>`` (base tag + the patches its `Depends:` trailer names, transitively, + that patch) and
+    ``pr-stack/<slug>`` (the series up to it), and write each PR's description to ``descriptions/<NNNN-slug>.md``.
+
+    The report ends with one summary line: how many of the PRs (fork-only patches, `Upstream-Status: not
+    applicable`, left out) depend on nothing, and which do not apply to the base through their `Depends:`."""
     base = load_base(patches_dir)
     commits = git(src, "rev-list", "--reverse", f"{base.tag}..HEAD").stdout.split()
-    report = []
+    report, independent, prs, failed = [], [], [], []
     descriptions.mkdir(parents=True, exist_ok=True)
     earlier = []  # (number and subject, files) of the patches before this one
+    closures = {}  # patch number -> the earlier patch numbers it needs, transitively
     with tempfile.TemporaryDirectory(prefix="trl-fork-pr-") as tmp:
         scratch = Path(tmp) / "wt"
         git(src, "worktree", "add", "--quiet", "--detach", str(scratch), base.tag)
         try:
             for index, commit in enumerate(commits, start=1):
                 subject = git(src, "log", "-1", "--format=%s", commit).stdout.strip()
-                slug = re.sub(r"[^a-z0-9]+", "-", subject.lower()).strip("-")[:60].rstrip("-")
-                git(src, "branch", "--force", f"pr-stack/{index:04d}-{slug}", commit)
-                git(scratch, "checkout", "--quiet", "--detach", base.tag)
-                picked = git(scratch, "cherry-pick", commit, check=False)
-                if picked.returncode == 0:
-                    git(
-                        src,
-                        "branch",
-                        "--force",
-                        f"pr/{index:04d}-{slug}",
-                        git(scratch, "rev-parse", "HEAD").stdout.strip(),
-                    )
-                    report.append(f"pr/{index:04d}-{slug}: {base.tag} + this patch")
-                else:
-                    git(scratch, "cherry-pick", "--abort", check=False)
-                    report.append(
-                        f"pr/{index:04d}-{slug}: needs earlier patches (does not apply alone); "
-                        f"submit pr-stack/{index:04d}-{slug} instead"
-                    )
-                report.append(f"pr-stack/{index:04d}-{slug}: {base.tag} + patches 1..{index}")
-                files = set(git(src, "show", "--format=", "--name-only", commit).stdout.split())
-                # When it does not apply alone: the earlier patches that change the same files
-                depends_on = [] if picked.returncode == 0 else [name for name, other in earlier if other & files]
                 message = git(src, "log", "-1", "--format=%B", commit).stdout
-                path = descriptions / f"{index:04d}-{slug}.md"
+                slug = re.sub(r"[^a-z0-9]+", "-", subject.lower()).strip("-")[:60].rstrip("-")
+                name = f"{index:04d}-{slug}"
+                git(src, "branch", "--force", f"pr-stack/{name}", commit)
+                depends = declared_depends(message)
+                wrong = [number for number in depends if not 0 < number < index]
+                if wrong:
+                    raise BuildError(f"{name}: `Depends:` names {wrong}, not an earlier patch of the series")
+                closure = set(depends)
+                for number in depends:
+                    closure |= closures[number]
+                closures[index] = closure
+                if not split_message(message)[2].get("Upstream-Status", "").startswith("not applicable"):
+                    prs.append(index)
+                    if not closure:
+                        independent.append(index)
+                git(scratch, "checkout", "--quiet", "--detach", base.tag)
+                for number in [*sorted(closure), index]:
+                    picked = git(scratch, "cherry-pick", commits[number - 1], check=False)
+                    if picked.returncode != 0:
+                        git(scratch, "cherry-pick", "--abort", check=False)
+                        break
+                stated = ", ".join(f"{number:04d}" for number in sorted(closure))
+                if picked.returncode == 0:
+                    git(src, "branch", "--force", f"pr/{name}", git(scratch, "rev-parse", "HEAD").stdout.strip())
+                    through = f" + {stated} (its Depends)" if closure else ""
+                    report.append(f"pr/{name}: {base.tag}{through} + this patch")
+                elif closure:
+                    failed.append(index)
+                    report.append(
+                        f"pr/{name}: does not apply through its Depends ({stated}); submit pr-stack/{name} instead"
+                    )
+                else:
+                    failed.append(index)
+                    report.append(
+                        f"pr/{name}: needs earlier patches (does not apply alone, and its header declares no "
+                        f"Depends); submit pr-stack/{name} instead"
+                    )
+                report.append(f"pr-stack/{name}: {base.tag} + patches 1..{index}")
+                files = set(git(src, "show", "--format=", "--name-only", commit).stdout.split())
+                names = dict(earlier)
+                if closure:  # what it declares
+                    depends_on = [names[number][0] for number in sorted(closure)]
+                elif picked.returncode != 0:  # undeclared: the earlier patches that change the same files
+                    depends_on = [label for _, (label, other) in earlier if other & files]
+                else:
+                    depends_on = []
+                path = descriptions / f"{name}.md"
                 path.write_text(pr_description(message, base=base.version, depends_on=depends_on))
                 report.append(f"  description: {path}")
-                earlier.append((f"{index:04d} {subject}", files))
+                earlier.append((index, (f"{index:04d} {subject}", files)))
         finally:
             git(src, "worktree", "remove", "--force", str(scratch), check=False)
+    numbers = ", ".join(f"{number:04d}" for number in failed) or "none"
+    report.append(
+        f"[pr] {len(independent)} of {len(prs)} PRs depend on nothing; do not apply to {base.tag} through their "
+        f"Depends: {numbers}"
+    )
     return report
 
 
@@ -822,6 +861,7 @@ def main(argv: list[str] | None = None) -> int:
     sub.add_parser("check-roundtrip", help="materialize + export must leave patches/ byte-identical")
     p = sub.add_parser("pr-branches", help="create pr/* and pr-stack/* branches in a materialized tree")
     p.add_argument("--src", type=Path, default=None, help="default: the line's trl-src/")
+    p.add_argument("--strict", action="store_true", help="fail when a branch does not apply through its Depends")
     sub.add_parser("check-tracked", help="fail if git tracks upstream TRL source (of any line)")
     p = sub.add_parser("patch-tests", help="print the test files the patches add, inside a tree")
     p.add_argument("--tree", type=Path, default=None, help="default: the line's trl-src/")
@@ -850,8 +890,10 @@ def main(argv: list[str] | None = None) -> int:
             log("round trip OK: materialize + export leaves patches/ byte-identical")
         elif args.command == "pr-branches":
             descriptions = line.build_dir / "pr"
-            for text in pr_branches(args.src, patches_dir=args.patches, descriptions=descriptions):
-                print(text)
+            report = pr_branches(args.src, patches_dir=args.patches, descriptions=descriptions)
+            print("\n".join(report))
+            if args.strict and not report[-1].endswith("Depends: none"):
+                raise BuildError("some PR branches do not apply through their Depends (above)")
         elif args.command == "lines":
             for name in known_lines():
                 found = get_line(name)

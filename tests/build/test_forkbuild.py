@@ -230,11 +230,20 @@ def test_pr_branches(tmp_path):
         count = forkbuild.git(tree, "rev-list", "--count", f"{BASE.tag}..{stack[0]}").stdout.strip()
         assert count == str(index)
         alone = [b for b in branches if b.startswith(f"pr/{index:04d}-")]
-        if alone:
-            assert forkbuild.git(tree, "rev-list", "--count", f"{BASE.tag}..{alone[0]}").stdout.strip() == "1"
+        (line,) = [line for line in report if line.startswith(f"pr/{index:04d}-")]
+        if alone:  # the base, what its Depends name (transitively), and the patch
+            count = forkbuild.git(tree, "rev-list", "--count", f"{BASE.tag}..{alone[0]}").stdout.strip()
+            assert count == str(1 + (line.count(",") + 1 if "(its Depends)" in line else 0)), line
         else:
-            assert any(line.startswith(f"pr/{index:04d}-") and "needs earlier patches" in line for line in report)
+            assert "needs earlier patches" in line or "does not apply through its Depends" in line
+    assert report[-1].startswith("[pr] ") and " PRs depend on nothing" in report[-1]
     assert forkbuild.git(tree, "worktree", "list").stdout.count("\n") == 1, "scratch worktree left behind"
+
+
+def test_declared_depends():
+    message = "x: y\n\nBody.\n\nBug-Fork: #1\nDepends: 0005, 0010 (the tests' helpers; 0013 is not one)\nLast-Update: 2026-11-28\n"
+    assert forkbuild.declared_depends(message) == [5, 10]
+    assert forkbuild.declared_depends(message.replace("Depends: 0005, 0010", "X-Note: 0005")) == []
 
 
 def test_pr_description_sections():

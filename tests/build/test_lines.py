@@ -109,7 +109,13 @@ def test_a_maintenance_step_is_skipped_only_while_what_it_reads_is_unchanged(tmp
     assert "no matching record" in capsys.readouterr().out
     skip = [*step, "--skip-if-recorded", "--", "true"]
     assert step_record.main(skip) == 0 and "skipped" in capsys.readouterr().out
-    unread = ("README.md", "docs/d.md", "tests/harness/README.md", "tests/recipes/test_r.py", f"lines/{NEW}/patches/base.json")
+    unread = (
+        "README.md",
+        "docs/d.md",
+        "tests/harness/README.md",
+        "tests/recipes/test_r.py",
+        f"lines/{NEW}/patches/base.json",
+    )
     for rel in unread:
         (repo / rel).write_text("changed\n")
         assert step_record.main(skip) == 0 and "skipped" in capsys.readouterr().out, rel
@@ -196,6 +202,16 @@ def test_new_line_pr_branches_are_against_its_base(tmp_path):
         assert f"Written against trl {NEW}." in text and "## Upstream status" in text, path.name
     count = forkbuild.git(tree, "rev-list", "--count", f"v{NEW}..pr/0002-" + descriptions[1].stem[5:]).stdout
     assert count.strip() == "1"
+    # Every branch applies to v1.16.0 through the patches its `Depends:` names (#38 item 7): each PR can be
+    # submitted with exactly what it declares, and the summary says how many depend on nothing
+    assert not [line for line in report if "does not apply" in line or "needs earlier patches" in line], report
+    assert re.fullmatch(
+        r"\[pr\] \d+ of \d+ PRs depend on nothing; do not apply to v[\d.]+ through their Depends: none", report[-1]
+    ), report[-1]
+    for path in descriptions:
+        message = forkbuild.git(tree, "log", "-1", "--format=%B", f"pr-stack/{path.stem}").stdout
+        if forkbuild.declared_depends(message):
+            assert "Depends on (to merge first): " in path.read_text(), path.name
 
 
 def test_proof_record_is_skipped_only_for_the_identical_state(tmp_path, monkeypatch, capsys):
