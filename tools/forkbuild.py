@@ -556,9 +556,11 @@ def pr_description(message: str, *, base: str, depends_on: list[str] = ()) -> st
 
 
 def declared_depends(message: str) -> list[int]:
-    """The patch numbers a header's `Depends:` trailer names (the four-digit numbers before any explanation)."""
+    """The patch numbers a header's `Depends:` trailer names (four-digit numbers outside parenthesized explanations)."""
     _, _, trailers = split_message(message)
-    value = trailers.get("Depends", "").partition("(")[0]
+    value = trailers.get("Depends", "")
+    while re.search(r"\([^()]*\)", value):  # explanations, nested ones included, name no dependency
+        value = re.sub(r"\([^()]*\)", "", value)
     return [int(number) for number in re.findall(r"\b(\d{4})\b", value)]
 
 

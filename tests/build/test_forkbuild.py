@@ -244,6 +244,7 @@ def test_declared_depends():
     message = "x: y\n\nBody.\n\nBug-Fork: #1\nDepends: 0005, 0010 (the tests' helpers; 0013 is not one)\nLast-Update: 2026-11-28\n"
     assert forkbuild.declared_depends(message) == [5, 10]
     assert forkbuild.declared_depends(message.replace("Depends: 0005, 0010", "X-Note: 0005")) == []
+    assert forkbuild.declared_depends(message.replace(", 0010 (", " (x (0007)), 0010 (")) == [5, 10]
 
 
 def test_pr_description_sections():

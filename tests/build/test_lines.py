@@ -189,6 +189,24 @@ def test_new_line_round_trip_and_metadata(tmp_path):
         assert re.search(rf'"{name}": "<[\d.]+"', source), f"no tested upper bound for {name}"
 
 
+def test_new_line_patches_declare_the_test_helpers_they_import():
+    """A test of a 1.16.0 patch that imports another test module (`from .test_x import ...`) imports one its own patch
+    or a patch of its `Depends:` closure adds: its PR branch has it (#38 item 7)."""
+    line = forkbuild.get_line(NEW)
+    adds, closures = {}, {}  # test module -> the patch that adds it; patch -> its Depends, transitively
+    for index, name in enumerate(forkbuild.read_series(line.patches), start=1):
+        text = (line.patches / name).read_text()
+        header, _, diff = text.partition("\n---\n")
+        closure = set()
+        for number in forkbuild.declared_depends(header.split("\n\n", 1)[1]):
+            closure |= {number} | closures[number]
+        closures[index] = closure
+        for module in re.findall(r"^diff --git a/tests/(test_\w+)\.py .*\nnew file mode", diff, flags=re.M):
+            adds[module] = index
+        for module in set(re.findall(r"^\+\s*from \.(test_\w+) import", diff, flags=re.M)):
+            assert adds.get(module) in closure | {index}, (name, module, adds.get(module), sorted(closure))
+
+
 def test_new_line_pr_branches_are_against_its_base(tmp_path):
     """Upstream PRs are rebased from the 1.16.0 line's branches: each is v1.16.0 + the patch (+ earlier ones)."""
     line = forkbuild.get_line(NEW)
