@@ -29,6 +29,8 @@ FORK_OPTIONS = {
     "--vllm-server-request-timeout",
     "--api_key",  # `trl vllm-serve`'s token (patch 0025)
     "--api-key",
+    "--vllm_sync_check_tolerance",  # the check that vLLM has the policy's weights (patch 0030)
+    "--vllm-sync-check-tolerance",
 }
 
 
