@@ -23,6 +23,7 @@ import os
 import shlex
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 from unittest import mock
 
@@ -30,7 +31,7 @@ import pytest
 import yaml
 from harness.accelerate110 import SHIM_FILE as ACCELERATE110_SHIM
 from harness.cpu_shims import DS_NO_SHM_FLAG, FSDP_FLAG
-from harness.launcher import REPO_ROOT, SITE_DIR, LaunchResult
+from harness.launcher import GLOO_ABORT, REPO_ROOT, SITE_DIR, LaunchResult, aborted_by_gloo
 
 
 DEMO = REPO_ROOT / "examples" / "demo" / "run_demo.py"
@@ -161,16 +162,32 @@ def test_printed_command_reproduces_the_launch(workdir, backend, capsys):
     assert "On GPUs no shim is involved" in stdout
 
 
-@on_line("0.16.1")
-def _run_printed_command(output):
+def _run_printed_command(output, error_dir):
     """Runs the equivalent command the demo printed in ``output``, by hand in a shell with neither PYTHONPATH nor
-    HF_HOME from this process; returns the ranks' reports."""
+    HF_HOME from this process; returns the ranks' reports.
+
+    As the harness's launches are, it is run once more, with a warning, when it failed only by gloo's rare C++ abort
+    at exit (``harness.launcher.aborted_by_gloo``; seen once in a fresh-clone CI run, 1 run in 12 on a loaded CPU
+    here): the workers' tracebacks go to ``error_dir`` (``TRL_HARNESS_ERROR_DIR``, which the demo leaves out of the
+    command because it changes nothing in the run), and the reports of the first run are removed."""
     env, argv = printed_command(output)
     command = " ".join(f"{k}={shlex.quote(v)}" for k, v in env.items()) + " " + shlex.join(argv)
     clean = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "HF_HOME")}
-    ran = subprocess.run(["bash", "-c", command], env=clean, capture_output=True, text=True, timeout=600)
-    assert ran.returncode == 0, (ran.stdout + ran.stderr)[-4000:]
-    return [json.loads(p.read_text()) for p in sorted(Path(env["TRL_DEMO_REPORT_DIR"]).glob("rank*.json"))]
+    clean["TRL_HARNESS_ERROR_DIR"] = str(error_dir)
+    report_dir = Path(env["TRL_DEMO_REPORT_DIR"])
+
+    def run():
+        ran = subprocess.run(["bash", "-c", command], env=clean, capture_output=True, text=True, timeout=600)
+        return ran.returncode, ran.stdout + ran.stderr
+
+    returncode, text = run()
+    if returncode != 0 and aborted_by_gloo(text, error_dir):
+        warnings.warn(f"the printed command: a worker aborted ({GLOO_ABORT!r}); run once more", stacklevel=2)
+        for report in report_dir.glob("rank*.json"):
+            report.unlink()
+        returncode, text = run()
+    assert returncode == 0, text[-4000:]
+    return [json.loads(p.read_text()) for p in sorted(report_dir.glob("rank*.json"))]
 
 
 @pytest.mark.dist
@@ -178,7 +195,7 @@ def test_printed_command_shards_by_hand(workdir, capsys):
     """The fsdp2 command, run by hand in a shell as printed: each rank holds half of the reference model."""
     with mock.patch.object(run_demo, "run_command", side_effect=_fake_launch):
         run_demo.main(["--backend", "fsdp2", "--workdir", str(workdir), "--steps", "1"])
-    reports = _run_printed_command(capsys.readouterr().out)
+    reports = _run_printed_command(capsys.readouterr().out, workdir / "by-hand-errors")
     assert [r["rank"] for r in reports] == [0, 1]
     for report in reports:
         assert report["backend"] == "FSDP" and report["stage"] == "trained", report
@@ -374,7 +391,7 @@ def test_printed_command_shards_by_hand_1160(workdir, capsys):
     model and half of the reward model."""
     with mock.patch.object(run_demo, "run_command", side_effect=_fake_launch):
         run_demo.main(["--workdir", str(workdir), "--steps", "1"])
-    reports = _run_printed_command(capsys.readouterr().out)
+    reports = _run_printed_command(capsys.readouterr().out, workdir / "by-hand-errors")
     assert [r["rank"] for r in reports] == [0, 1]
     for report in reports:
         assert report["backend"] == "FSDP" and report["stage"] == "trained", report

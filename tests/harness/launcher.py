@@ -346,6 +346,14 @@ def _pump(stream, log, echo):
 GLOO_ABORT = "terminate called without an active exception"
 
 
+def aborted_by_gloo(output, error_dir):
+    """Whether a failed launch failed only by gloo's rare C++ abort (see :func:`run_command`): ``output`` holds its
+    message and no worker left a Python traceback in ``error_dir`` (the launch's ``TRL_HARNESS_ERROR_DIR``; the
+    launcher's own, ``rankmain``, reports the failed child)."""
+    worker_errors = [f for f in Path(error_dir).glob("traceback-*.txt") if "rankmain" not in f.name]
+    return GLOO_ABORT in output and not worker_errors
+
+
 def run_command(cmd, *, env, workdir, backend="-", timeout=DEFAULT_TIMEOUT, cwd=None, echo=None, fresh=()):
     """Run ``cmd`` in a new session with a hard timeout; collect output and the workers' tracebacks.
 
@@ -358,8 +366,7 @@ def run_command(cmd, *, env, workdir, backend="-", timeout=DEFAULT_TIMEOUT, cwd=
     stands for the second's.
     """
     result = _run_command_once(cmd, env=env, workdir=workdir, backend=backend, timeout=timeout, cwd=cwd, echo=echo)
-    worker_errors = [name for name in result.tracebacks if "rankmain" not in name]
-    if result.ok or result.timed_out or worker_errors or GLOO_ABORT not in result.output:
+    if result.ok or result.timed_out or not aborted_by_gloo(result.output, result.error_dir):
         return result
     aborted_log = result.log_path.with_name("launch.aborted.log")
     result.log_path.replace(aborted_log)  # kept for a look; the second run writes launch.log

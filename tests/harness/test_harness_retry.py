@@ -14,7 +14,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from harness.launcher import GLOO_ABORT, run_benchmark, run_command  # noqa: E402
+from harness.launcher import GLOO_ABORT, aborted_by_gloo, run_benchmark, run_command  # noqa: E402
 
 
 SCRIPT = textwrap.dedent(
@@ -107,3 +107,19 @@ def test_a_launch_once_more_starts_from_fresh_results(tmp_path):
     assert len(counter.read_text().split()) == 2
     assert json.loads((out / "trainer" / "rank0.json").read_text()) == {"first": False, "found": []}
     assert json.loads(summary.read_text()) == {"first": False}
+
+
+@pytest.mark.parametrize(
+    "message, tracebacks, expected",
+    [
+        (GLOO_ABORT, [], True),
+        (GLOO_ABORT, ["traceback-rankmain-10.txt"], True),  # the launcher's own: the failed child
+        (GLOO_ABORT, ["traceback-rank1-12.txt"], False),  # a worker's Python error
+        ("exitcode  : -6 (pid: 12)  (SIGABRT)", [], False),  # an abort without gloo's message
+    ],
+)
+def test_aborted_by_gloo(tmp_path, message, tracebacks, expected):
+    """What `run_command` and the demo's command run by hand start once more: gloo's message, no worker traceback."""
+    for name in tracebacks:
+        (tmp_path / name).write_text("Traceback (most recent call last):\n")
+    assert aborted_by_gloo(f"training done\n{message}\nFatal Python error: Aborted\n", tmp_path) is expected
