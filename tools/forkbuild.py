@@ -125,7 +125,7 @@ def patch_issues(patch_file: Path) -> tuple[int, ...]:
 def files_digest(salt: bytes, paths: Iterable[Path], relative_to: Path = ROOT):
     """A sha256 seeded with ``salt``, fed with each path's name relative to ``relative_to`` (the repository, or a
     line's project for what belongs to the line) and its bytes (each followed by a NUL byte): the state hashes of the
-    proof records (``tools/prove.py``, ``lines/0.16.1/tools/torch_lane.py``)."""
+    step records (``tools/step_record.py``, ``lines/0.16.1/tools/torch_lane.py``)."""
     digest = hashlib.sha256(salt)
     for path in paths:
         digest.update(path.relative_to(relative_to).as_posix().encode() + b"\0" + path.read_bytes() + b"\0")

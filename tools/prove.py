@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import hashlib
 import json
 import os
 import platform
@@ -70,15 +71,28 @@ PROVEN = "proven.json"
 # 2: names relative to the line's project (a line can move in the repository) and the line's pins read from its
 # setup.py (forkbuild.line_pins) instead of the file's bytes; 3: the pins are the whole setup.py's syntax tree but its
 # docstring and the statement that finds the build tools.
-PROOF_REVISION = "3"
+PROOF_REVISION = "4"  # 4: of a patch file, only what the proof reads (proven_content)
+
+
+def proven_content(patch_file: Path) -> bytes:
+    """What the proof of a patch reads of its file: the diff (from its first ``diff --git`` line: the code and the
+    tests) and the ``Test-Needs:`` trailers (the Python its tests run with). Not the rest of its description (the
+    PR's text, its other trailers, the commit id on its first line): a change to that alone leaves the proof
+    standing, as `test_proof_record_is_skipped_only_for_the_identical_state` checks."""
+    data = patch_file.read_bytes()
+    start = data.find(b"\ndiff --git ")
+    needs = ",".join(sorted(forkbuild.patch_test_needs(patch_file)))
+    return f"Test-Needs: {needs}\n".encode() + (data[start + 1 :] if start >= 0 else data)
 
 
 def _salted_digest(line: forkbuild.Line, *paths: Path):
     """A sha256 salted with the revisions of tree building and proving, fed with each path's name (relative to the
-    line's project) and bytes, then with the line's pins."""
-    digest = forkbuild.files_digest(
-        f"{forkbuild.TOOL_REVISION}/{PROOF_REVISION}".encode(), paths, relative_to=line.project
-    )
+    line's project) and content (of a patch, its :func:`proven_content`; of any other file, its bytes), then with
+    the line's pins."""
+    digest = hashlib.sha256(f"{forkbuild.TOOL_REVISION}/{PROOF_REVISION}".encode())
+    for path in paths:
+        content = proven_content(path) if path.suffix == ".patch" else path.read_bytes()
+        digest.update(path.relative_to(line.project).as_posix().encode() + b"\0" + content + b"\0")
     digest.update(forkbuild.line_pins(line.project).encode() + b"\0")
     return digest
 
@@ -100,7 +114,7 @@ def patch_states(line: forkbuild.Line | None = None) -> dict[str, str]:
     digest = _salted_digest(line, line.patches / "base.json")
     states = {}
     for name in forkbuild.read_series(line.patches):
-        digest.update(name.encode() + b"\0" + (line.patches / name).read_bytes() + b"\0")
+        digest.update(name.encode() + b"\0" + proven_content(line.patches / name) + b"\0")
         states[name] = digest.copy().hexdigest()
     return states
 

@@ -258,6 +258,17 @@ def test_proof_record_is_skipped_only_for_the_identical_state(tmp_path, monkeypa
     # a comment, or the line's folder, is not what the proof depends on
     (copy / "setup.py").write_bytes((line.project / "setup.py").read_bytes() + b"# a comment\n")
     assert prove.proof_state() == state
+    # a patch's description (its PR text, a trailer the proof does not read) is not what the proof depends on; the
+    # Test-Needs trailer (the Python its tests run with) is
+    text = last.read_text()
+    head, diff = text.split("\ndiff --git ", 1)
+    described = head.replace("\n---\n", "\nPrivate APIs used: none.\n\n---\n", 1)
+    assert described != head
+    last.write_text(described + "\ndiff --git " + diff)
+    assert prove.proof_state() == state
+    last.write_text(described.replace("\n---\n", "\nTest-Needs: deepspeed\n---\n", 1) + "\ndiff --git " + diff)
+    assert prove.proof_state() != state
+    last.write_text(text)
     moved = tmp_path / "elsewhere"
     copy.rename(moved)
     assert prove.proof_state(forkbuild.Line(NEW, moved)) == state
