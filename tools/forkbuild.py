@@ -564,20 +564,34 @@ def declared_depends(message: str) -> list[int]:
     return [int(number) for number in re.findall(r"\b(\d{4})\b", value)]
 
 
+def depends_closures(messages: list[str]) -> dict[int, set[int]]:
+    """For the series' messages in order, patch number (from 1) -> the earlier patch numbers its `Depends:` trailer
+    names, transitively: what its PR branch carries under it. A number that is not an earlier patch is an error."""
+    closures = {}
+    for index, message in enumerate(messages, start=1):
+        depends = declared_depends(message)
+        wrong = [number for number in depends if not 0 < number < index]
+        if wrong:
+            raise BuildError(f"patch {index:04d}: `Depends:` names {wrong}, not an earlier patch of the series")
+        closures[index] = set(depends).union(*(closures[number] for number in depends))
+    return closures
+
+
 def pr_branches(
     src: Path = DEV_TREE, *, patches_dir: Path = PATCHES_DIR, descriptions: Path = PR_DESCRIPTIONS
-) -> list[str]:
+) -> tuple[list[str], list[int]]:
     """Create ``pr/<slug>`` (base tag + the patches its `Depends:` trailer names, transitively, + that patch) and
     ``pr-stack/<slug>`` (the series up to it), and write each PR's description to ``descriptions/<NNNN-slug>.md``.
 
-    The report ends with one summary line: how many of the PRs (fork-only patches, `Upstream-Status: not
-    applicable`, left out) depend on nothing, and which do not apply to the base through their `Depends:`."""
+    Returns the report and the numbers of the patches whose branch does not apply through their `Depends:`. The
+    report ends with one summary line: how many of the PRs (fork-only patches, `Upstream-Status: not applicable`,
+    left out) depend on nothing, and which do not apply to the base through their `Depends:`."""
     base = load_base(patches_dir)
     commits = git(src, "rev-list", "--reverse", f"{base.tag}..HEAD").stdout.split()
     report, independent, prs, failed = [], [], [], []
     descriptions.mkdir(parents=True, exist_ok=True)
     earlier = []  # (number and subject, files) of the patches before this one
-    closures = {}  # patch number -> the earlier patch numbers it needs, transitively
+    closures = depends_closures([git(src, "log", "-1", "--format=%B", commit).stdout for commit in commits])
     with tempfile.TemporaryDirectory(prefix="trl-fork-pr-") as tmp:
         scratch = Path(tmp) / "wt"
         git(src, "worktree", "add", "--quiet", "--detach", str(scratch), base.tag)
@@ -588,14 +602,7 @@ def pr_branches(
                 slug = re.sub(r"[^a-z0-9]+", "-", subject.lower()).strip("-")[:60].rstrip("-")
                 name = f"{index:04d}-{slug}"
                 git(src, "branch", "--force", f"pr-stack/{name}", commit)
-                depends = declared_depends(message)
-                wrong = [number for number in depends if not 0 < number < index]
-                if wrong:
-                    raise BuildError(f"{name}: `Depends:` names {wrong}, not an earlier patch of the series")
-                closure = set(depends)
-                for number in depends:
-                    closure |= closures[number]
-                closures[index] = closure
+                closure = closures[index]
                 if not split_message(message)[2].get("Upstream-Status", "").startswith("not applicable"):
                     prs.append(index)
                     if not closure:
@@ -642,7 +649,7 @@ def pr_branches(
         f"[pr] {len(independent)} of {len(prs)} PRs depend on nothing; do not apply to {base.tag} through their "
         f"Depends: {numbers}"
     )
-    return report
+    return report, failed
 
 
 # ------------------------------------------------------------------------------------------- for setup.py
@@ -892,9 +899,9 @@ def main(argv: list[str] | None = None) -> int:
             log("round trip OK: materialize + export leaves patches/ byte-identical")
         elif args.command == "pr-branches":
             descriptions = line.build_dir / "pr"
-            report = pr_branches(args.src, patches_dir=args.patches, descriptions=descriptions)
+            report, failed = pr_branches(args.src, patches_dir=args.patches, descriptions=descriptions)
             print("\n".join(report))
-            if args.strict and not report[-1].endswith("Depends: none"):
+            if args.strict and failed:
                 raise BuildError("some PR branches do not apply through their Depends (above)")
         elif args.command == "lines":
             for name in known_lines():

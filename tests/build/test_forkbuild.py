@@ -211,7 +211,7 @@ def test_export_refuses_uncommitted_changes(tmp_path, patches_copy):
 
 def test_pr_branches(tmp_path):
     tree = forkbuild.materialize(tmp_path / "tree", patches_dir=LINE.patches)
-    report = forkbuild.pr_branches(tree, patches_dir=LINE.patches, descriptions=tmp_path / "pr")
+    report, failed = forkbuild.pr_branches(tree, patches_dir=LINE.patches, descriptions=tmp_path / "pr")
     descriptions = sorted((tmp_path / "pr").glob("*.md"))
     assert len(descriptions) == len(SERIES)
     for index, path in enumerate(descriptions, start=1):
@@ -236,6 +236,7 @@ def test_pr_branches(tmp_path):
             assert count == str(1 + (line.count(",") + 1 if "(its Depends)" in line else 0)), line
         else:
             assert "needs earlier patches" in line or "does not apply through its Depends" in line
+        assert (index in failed) == (not alone), line
     assert report[-1].startswith("[pr] ") and " PRs depend on nothing" in report[-1]
     assert forkbuild.git(tree, "worktree", "list").stdout.count("\n") == 1, "scratch worktree left behind"
 
@@ -245,6 +246,14 @@ def test_declared_depends():
     assert forkbuild.declared_depends(message) == [5, 10]
     assert forkbuild.declared_depends(message.replace("Depends: 0005, 0010", "X-Note: 0005")) == []
     assert forkbuild.declared_depends(message.replace(", 0010 (", " (x (0007)), 0010 (")) == [5, 10]
+
+
+def test_depends_closures():
+    """A PR branch carries what its patch's `Depends:` names, and what those name in turn."""
+    messages = ["a: b\n\nBody.\n"] * 3 + ["a: b\n\nBody.\n\nDepends: 0002\n", "a: b\n\nBody.\n\nDepends: 0004, 0001\n"]
+    assert forkbuild.depends_closures(messages) == {1: set(), 2: set(), 3: set(), 4: {2}, 5: {1, 2, 4}}
+    with pytest.raises(forkbuild.BuildError, match=r"patch 0002: `Depends:` names \[3\]"):
+        forkbuild.depends_closures(["a: b\n\nBody.\n", "a: b\n\nBody.\n\nDepends: 0003\n"])
 
 
 def test_pr_description_sections():

@@ -193,14 +193,12 @@ def test_new_line_patches_declare_the_test_helpers_they_import():
     """A test of a 1.16.0 patch that imports another test module (`from .test_x import ...`) imports one its own patch
     or a patch of its `Depends:` closure adds: its PR branch has it (#38 item 7)."""
     line = forkbuild.get_line(NEW)
-    adds, closures = {}, {}  # test module -> the patch that adds it; patch -> its Depends, transitively
-    for index, name in enumerate(forkbuild.read_series(line.patches), start=1):
-        text = (line.patches / name).read_text()
-        header, _, diff = text.partition("\n---\n")
-        closure = set()
-        for number in forkbuild.declared_depends(header.split("\n\n", 1)[1]):
-            closure |= {number} | closures[number]
-        closures[index] = closure
+    series = forkbuild.read_series(line.patches)
+    texts = [(line.patches / name).read_text().partition("\n---\n") for name in series]
+    closures = forkbuild.depends_closures([header.split("\n\n", 1)[1] for header, _, _ in texts])
+    adds = {}  # test module -> the patch that adds it
+    for index, (name, (_, _, diff)) in enumerate(zip(series, texts), start=1):
+        closure = closures[index]
         for module in re.findall(r"^diff --git a/tests/(test_\w+)\.py .*\nnew file mode", diff, flags=re.M):
             adds[module] = index
         for module in set(re.findall(r"^\+\s*from \.(test_\w+) import", diff, flags=re.M)):
@@ -211,7 +209,7 @@ def test_new_line_pr_branches_are_against_its_base(tmp_path):
     """Upstream PRs are rebased from the 1.16.0 line's branches: each is v1.16.0 + the patch (+ earlier ones)."""
     line = forkbuild.get_line(NEW)
     tree = forkbuild.materialize(tmp_path / "tree", patches_dir=line.patches)
-    report = forkbuild.pr_branches(tree, patches_dir=line.patches, descriptions=tmp_path / "pr")
+    report, failed = forkbuild.pr_branches(tree, patches_dir=line.patches, descriptions=tmp_path / "pr")
     series = forkbuild.read_series(line.patches)
     descriptions = sorted((tmp_path / "pr").glob("*.md"))
     assert len(descriptions) == len(series) and len([r for r in report if r.startswith("pr-stack/")]) == len(series)
@@ -226,6 +224,7 @@ def test_new_line_pr_branches_are_against_its_base(tmp_path):
     assert re.fullmatch(
         r"\[pr\] \d+ of \d+ PRs depend on nothing; do not apply to v[\d.]+ through their Depends: none", report[-1]
     ), report[-1]
+    assert failed == []
     for path in descriptions:
         message = forkbuild.git(tree, "log", "-1", "--format=%B", f"pr-stack/{path.stem}").stdout
         if forkbuild.declared_depends(message):
