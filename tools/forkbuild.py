@@ -534,22 +534,22 @@ def split_message(message: str) -> tuple[str, list[str], dict[str, str]]:
 
 def pr_description(message: str, *, base: str, depends_on: list[str] = ()) -> str:
     """The description of the upstream PR of one patch, from its header: title, motivation (the failure it fixes),
-    what changed, tests, the private APIs the diff uses (where its header has a ``Private APIs:`` paragraph) and
-    upstream status."""
+    what changed, tests, the private names the diff uses (where its header has a ``Private names used`` paragraph)
+    and upstream status."""
     subject, paragraphs, trailers = split_message(message)
-    sections = {"Motivation": [], "What changed": [], "Tests": [], "Private APIs used": []}
-    prefixes = (("Failure fixed:", "Motivation"), ("Tests:", "Tests"), ("Private APIs:", "Private APIs used"))
+    sections = {"Motivation": [], "What changed": [], "Tests": [], "Private names used": []}
+    prefixes = (("Failure fixed:", "Motivation"), ("Tests:", "Tests"), ("Private names used", "Private names used"))
     for paragraph in paragraphs:  # paragraphs with a prefix to their sections, the others as they come
         section = "What changed"
         for prefix, name in prefixes:
-            if paragraph.startswith(prefix):
-                section, paragraph = name, paragraph[len(prefix) :].strip()
+            if paragraph.startswith(prefix):  # "Private names used: x", "Private names used, tests only: x"
+                section, paragraph = name, paragraph[len(prefix) :].lstrip(":, ").strip()
         sections[section].append(paragraph)
     status = trailers.get("Upstream-Status")
     if not status:
         raise BuildError(f"{subject!r}: the header has no Upstream-Status trailer")
-    if not sections["Private APIs used"]:
-        del sections["Private APIs used"]  # a header that does not say (the 0.16.1 line's)
+    if not sections["Private names used"]:
+        del sections["Private names used"]  # a header that does not say (the 0.16.1 line's)
     lines = [f"# {subject}", ""]
     for title, body in sections.items():
         lines += [f"## {title}", "", "\n\n".join(body) or "(not stated in the patch header)", ""]

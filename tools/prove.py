@@ -17,11 +17,12 @@ patch, where all must pass.
 the whole series and lists the cells that flip.
 
 A table that proves every patch records the proven state in the line's ``patches/proven.json``: a hash of what the
-proof depends on (the pinned base, the series and every patch with its tests, the line's dependency bounds, and
-the revisions of the way trees are built and patches proven), and the same hash per patch over the series up to it.
-Commit it with the patches. ``--skip-if-proven`` (CI) skips the proof when the current state hashes to the recorded
-one, byte for byte; otherwise it proves every patch whose own state differs from its record (a changed patch and
-every patch after it) and carries the others over: any change to a patch is always proven again.
+proof depends on (the pinned base, the series and every patch's diff with its tests and its ``Test-Needs:``, the
+line's dependency bounds, and the revisions of the way trees are built and patches proven), and the same hash per
+patch over the series up to it. Commit it with the patches. ``--skip-if-proven`` (CI) skips the proof when the current
+state hashes to the recorded one, byte for byte; otherwise it proves every patch whose own state differs from its
+record (a changed patch and every patch after it) and carries the others over: any change to a patch's code or tests
+is always proven again; a change to its description alone (the PR's text) is not what the proof tested.
 """
 
 from __future__ import annotations
@@ -122,8 +123,9 @@ def patch_states(line: forkbuild.Line | None = None) -> dict[str, str]:
 def carry_over(revision: str) -> int:
     """Re-key the line's record after a change to the way states are computed (``PROOF_REVISION``), or a move of the
     line in the repository: ``revision`` (a commit whose record is the current one) must be proven by its own
-    tools, and the line's base, series, patches and pins must be byte-identical there and here. Then the record's
-    proof stands, and only its hashes are recomputed; anything else fails and the line is proven again."""
+    tools, and the line's base, series, patches (what the proof reads of them) and pins must be byte-identical there
+    and here. Then the record's proof stands, and only its hashes are recomputed; anything else fails and the line is
+    proven again."""
     record = recorded_proof()
     resolved = subprocess.run(
         ["git", "-C", str(forkbuild.ROOT), "rev-parse", "--verify", "--quiet", f"{revision}^{{commit}}"],
@@ -296,7 +298,7 @@ def table(matrix: bool, extra: list[str], against_base: bool = False, skip_if_pr
         record = recorded_proof()
         if record.get("state") == proof_state():
             print(
-                f"[prove] {LINE.name} line: skipped; its base pin, series, patches (with their tests) and bounds "
+                f"[prove] {LINE.name} line: skipped; its base pin, series, patch diffs (with their tests) and bounds "
                 f"are byte-identical to the state proven on {record['proven_on']} ({record['seconds']} s, "
                 f"torch {record['torch']}); recorded in {(LINE.patches / PROVEN).relative_to(forkbuild.ROOT)}"
             )

@@ -290,12 +290,14 @@ Last-Update: 2026-11-23
     assert "0001 fork: x" in text
     with pytest.raises(forkbuild.BuildError, match="no Upstream-Status"):
         forkbuild.pr_description(message.replace("Upstream-Status", "X-Note"), base="0.16.1")
-    # the private APIs the diff uses get their own section, where the header names them
-    assert "## Private APIs used" not in text
-    named = message.replace("\nBug-Fork", "\nPrivate APIs: `torch.x._y` (no public way to do it).\n\nBug-Fork")
+    # the private names the diff uses get their own section, where the header names them
+    assert "## Private names used" not in text
+    named = message.replace("\nBug-Fork", "\nPrivate names used: `torch.x._y` (no public way to do it).\n\nBug-Fork")
     text = forkbuild.pr_description(named, base="1.16.0")
-    assert "## Tests\n\ntests/test_thing.py\n- ThingTester: fails on the base.\n\n## Private APIs used\n\n" in text
-    assert "## Private APIs used\n\n`torch.x._y` (no public way to do it).\n\n## Upstream status" in text
+    assert "## Tests\n\ntests/test_thing.py\n- ThingTester: fails on the base.\n\n## Private names used\n\n" in text
+    assert "## Private names used\n\n`torch.x._y` (no public way to do it).\n\n## Upstream status" in text
+    tests_only = named.replace("used: `torch", "used, tests only: `torch")
+    assert "## Private names used\n\ntests only: `torch.x._y`" in forkbuild.pr_description(tests_only, base="1.16.0")
 
 
 def test_every_patch_states_its_upstream_status():

@@ -216,6 +216,7 @@ def test_new_line_pr_branches_are_against_its_base(tmp_path):
     for path in descriptions:
         text = path.read_text()
         assert f"Written against trl {NEW}." in text and "## Upstream status" in text, path.name
+        assert "## Private names used" in text or "not applicable" in text, path.name
     count = forkbuild.git(tree, "rev-list", "--count", f"v{NEW}..pr/0002-" + descriptions[1].stem[5:]).stdout
     assert count.strip() == "1"
     # Every branch applies to v1.16.0 through the patches its `Depends:` names (#38 item 7): each PR can be
@@ -413,3 +414,42 @@ def test_readme_install_command_of_the_new_line_in_a_fresh_venv(clone, tmp_path)
     }
     assert versions["transformers"].startswith("5.")  # what 1.16.0 allows and the bounds keep: a current release
     assert tuple(int(x) for x in versions["accelerate"].split(".")[:2]) >= (1, 10)
+
+
+# receivers of private names that are TRL's own (its modules and objects, in the library and in its tests): a PR
+# uses those as TRL's tests do; `os._exit` is public
+_TRL_OWN = {"self", "cls", "os", "trl", "generation", "vllm_generation", "client", "vllm_client", "model_utils"}
+_PRIVATE_USES = (
+    r"(?:from|import)\s+(?:torch|accelerate|deepspeed|vllm|transformers|peft)[\w.]*\.(_\w+)",  # a private module
+    r"(?:from|import)\s+(?:torch|accelerate|deepspeed|vllm|transformers|peft)[\w.]*\._\w+ import ([\w, ]+)",
+    r"\b(?!(?:" + "|".join(_TRL_OWN) + r")\.)[\w\])]+\.(_[a-zA-Z]\w*)",  # an underscored attribute of another object
+    r"(?:getattr|hasattr|setattr)\((?!(?:" + "|".join(_TRL_OWN) + r"),)[^,]+,\s*\"(_\w+)\"",  # the same, by name
+    r"\b(ds_\w+)",  # DeepSpeed's ZeRO-3 parameter attributes (not documented)
+)
+
+
+def _private_names_used(diff: str) -> set[str]:
+    names = set()
+    for line in diff.splitlines():
+        if line.startswith("+") and not line.startswith("+++"):
+            code = line[1:].split(" # ")[0]
+            for pattern in _PRIVATE_USES:
+                for match in re.finditer(pattern, code):
+                    names |= {name.strip() for name in match.group(1).split(",") if name.strip()}
+    return names
+
+
+def test_new_line_pr_descriptions_name_the_private_names_their_diffs_use():
+    """Each PR of the 1.16.0 line says which private names of torch, Accelerate, DeepSpeed, vLLM, transformers or PEFT
+    its diff uses, in a `Private names used` paragraph (`none` where it uses none): its description lists them under
+    "Private names used" (#38 item 9)."""
+    line = forkbuild.get_line(NEW)
+    for name in forkbuild.read_series(line.patches):
+        header, _, diff = (line.patches / name).read_text().partition("\n---\n")
+        _, paragraphs, trailers = forkbuild.split_message(header.split("\n\n", 1)[1])
+        if trailers["Upstream-Status"].startswith("not applicable"):
+            continue
+        stated = [p for p in paragraphs if p.startswith("Private names used")]
+        assert len(stated) == 1, f"{name}: one 'Private names used' paragraph (or 'Private names used: none.')"
+        missing = sorted(n for n in _private_names_used(diff) if f"{n}" not in stated[0])
+        assert not missing, f"{name}: its diff uses {missing}, which its 'Private names used' paragraph does not name"
