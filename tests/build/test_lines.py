@@ -216,7 +216,8 @@ def test_new_line_pr_branches_are_against_its_base(tmp_path):
     for path in descriptions:
         text = path.read_text()
         assert f"Written against trl {NEW}." in text and "## Upstream status" in text, path.name
-        assert "## Private names used" in text or "not applicable" in text, path.name
+        status = text.split("## Upstream status", 1)[1]
+        assert "## Private names used" in text or status.lstrip().startswith("not applicable"), path.name
     count = forkbuild.git(tree, "rev-list", "--count", f"v{NEW}..pr/0002-" + descriptions[1].stem[5:]).stdout
     assert count.strip() == "1"
     # Every branch applies to v1.16.0 through the patches its `Depends:` names (#38 item 7): each PR can be
@@ -230,10 +231,76 @@ def test_new_line_pr_branches_are_against_its_base(tmp_path):
         message = forkbuild.git(tree, "log", "-1", "--format=%B", f"pr-stack/{path.stem}").stdout
         if forkbuild.declared_depends(message):
             assert "Depends on (to merge first): " in path.read_text(), path.name
+    # ... and stands on it: no name its library code uses is undefined (ruff's F821), and every private name it
+    # imports from a module of its own tree is defined there (what an undeclared helper of another patch would be)
+    branches = forkbuild.git(tree, "branch", "--list", "pr/*", "--format=%(refname:short)").stdout.split()
+    assert len(branches) == len(series)
+    for branch in branches:
+        dest = tmp_path / "branches" / branch.replace("/", "-")
+        dest.mkdir(parents=True)
+        archive = subprocess.run(["git", "-C", str(tree), "archive", branch, "trl"], capture_output=True, check=True)
+        subprocess.run(["tar", "-x", "-C", str(dest)], input=archive.stdout, check=True)
+        lint = run([sys.executable, "-m", "ruff", "check", "--isolated", "--no-cache", "--select", "F821", str(dest)])
+        assert lint.returncode == 0, (branch, lint.stdout[-3000:] + lint.stderr[-1000:])
+        assert not _undefined_private_imports(dest), (branch, _undefined_private_imports(dest))
+
+
+def _undefined_private_imports(root: Path) -> list[str]:
+    """``from <module of trl> import _name`` (relative or absolute, at any depth) where the module's file under
+    ``root`` defines no ``_name`` at its top level."""
+    import ast
+
+    problems = []
+    for path in sorted(root.rglob("*.py")):
+        package = path.relative_to(root).parent.parts
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not isinstance(node, ast.ImportFrom):
+                continue
+            if node.level:
+                parts = [*package[: len(package) - node.level + 1], *(node.module or "").split(".")]
+            elif (node.module or "").split(".")[0] == "trl":
+                parts = node.module.split(".")
+            else:
+                continue
+            target = root.joinpath(*[p for p in parts if p])
+            module = target.with_suffix(".py") if target.with_suffix(".py").is_file() else target / "__init__.py"
+            if not module.is_file():
+                continue
+            defined = set()
+            for top in ast.parse(module.read_text()).body:
+                if isinstance(top, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                    defined.add(top.name)
+                elif isinstance(top, (ast.Assign, ast.AnnAssign)):
+                    targets = top.targets if isinstance(top, ast.Assign) else [top.target]
+                    defined |= {n.id for t in targets for n in ast.walk(t) if isinstance(n, ast.Name)}
+                elif isinstance(top, (ast.Import, ast.ImportFrom)):
+                    defined |= {(a.asname or a.name).split(".")[0] for a in top.names}
+                elif isinstance(top, (ast.If, ast.Try)):  # names defined under a version check
+                    defined |= {n.name for n in ast.walk(top) if isinstance(n, (ast.FunctionDef, ast.ClassDef))}
+                    defined |= {
+                        n.id for n in ast.walk(top) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)
+                    }
+                    defined |= {
+                        (a.asname or a.name).split(".")[0]
+                        for n in ast.walk(top)
+                        if isinstance(n, (ast.Import, ast.ImportFrom))
+                        for a in n.names
+                    }
+            for alias in node.names:
+                if (
+                    alias.name.startswith("_")
+                    and alias.name not in defined
+                    and not (target / f"{alias.name}.py").is_file()
+                ):
+                    problems.append(
+                        f"{path.relative_to(root)}:{node.lineno}: {alias.name} from {module.relative_to(root)}"
+                    )
+    return problems
 
 
 def test_proof_record_is_skipped_only_for_the_identical_state(tmp_path, monkeypatch, capsys):
-    """CI skips re-proving a line whose patches, pins and tests hash to the recorded proven state, and only then."""
+    """CI skips re-proving a line whose patch diffs (tests included), Test-Needs and pins hash to the recorded proven
+    state, and only then: a change to a patch's description alone keeps the proof."""
     line = forkbuild.get_line(NEW)
     copy = tmp_path / "lines" / NEW
     (copy / "patches").mkdir(parents=True)
@@ -428,7 +495,17 @@ _PRIVATE_USES = (
 )
 
 
-def _private_names_used(diff: str) -> set[str]:
+# the same through the object itself, a string (a prefix stripped from names, an attribute read by name) or a keyword:
+# private unless TRL's tree (library and tests, the whole series applied) defines the name
+_OWN_PRIVATE_USES = (r"\b(?:self|super\(\))\.(_[a-zA-Z]\w*)", r"[\"'](_[a-zA-Z]\w*)\.?[\"']", r"\b(_[a-z]\w*)=")
+_TRL_DEFINES = (
+    r"\b(?:def|class) (_\w+)",
+    r"\b(?:self|cls)\.(_\w+)\s*(?::[^=\n]+)?=(?!=)",
+    r"^\s*(_\w+)\s*(?::[^=\n]+)?=(?!=)",
+)
+
+
+def _private_names_used(diff: str, trl_defines: set[str]) -> set[str]:
     names = set()
     for line in diff.splitlines():
         if line.startswith("+") and not line.startswith("+++"):
@@ -436,14 +513,24 @@ def _private_names_used(diff: str) -> set[str]:
             for pattern in _PRIVATE_USES:
                 for match in re.finditer(pattern, code):
                     names |= {name.strip() for name in match.group(1).split(",") if name.strip()}
+            for pattern in _OWN_PRIVATE_USES:
+                names |= {m.group(1) for m in re.finditer(pattern, code) if m.group(1) not in trl_defines}
     return names
 
 
-def test_new_line_pr_descriptions_name_the_private_names_their_diffs_use():
+def test_new_line_pr_descriptions_name_the_private_names_their_diffs_use(tmp_path):
     """Each PR of the 1.16.0 line says which private names of torch, Accelerate, DeepSpeed, vLLM, transformers or PEFT
     its diff uses, in a `Private names used` paragraph (`none` where it uses none): its description lists them under
-    "Private names used" (#38 item 9)."""
+    "Private names used" (#38 item 9). Found: underscored modules and attributes of other objects than TRL's own,
+    DeepSpeed's `ds_*` attributes, and underscored names TRL does not define read through `self`, `super()`, a
+    string or a keyword (an inherited `Trainer._save`, the `_fsdp_wrapped_module.` prefix). Names reached through
+    another patch's helper, or with no underscore (vLLM's engine internals), are the header's to name."""
     line = forkbuild.get_line(NEW)
+    tree = forkbuild.materialize(tmp_path / "tree", patches_dir=line.patches)
+    trl_defines = set()
+    for path in [*(tree / "trl").rglob("*.py"), *(tree / "tests").rglob("*.py")]:
+        text = path.read_text()
+        trl_defines |= {name for pattern in _TRL_DEFINES for name in re.findall(pattern, text, flags=re.M)}
     for name in forkbuild.read_series(line.patches):
         header, _, diff = (line.patches / name).read_text().partition("\n---\n")
         _, paragraphs, trailers = forkbuild.split_message(header.split("\n\n", 1)[1])
@@ -451,5 +538,6 @@ def test_new_line_pr_descriptions_name_the_private_names_their_diffs_use():
             continue
         stated = [p for p in paragraphs if p.startswith("Private names used")]
         assert len(stated) == 1, f"{name}: one 'Private names used' paragraph (or 'Private names used: none.')"
-        missing = sorted(n for n in _private_names_used(diff) if f"{n}" not in stated[0])
+        used = _private_names_used(diff, trl_defines)
+        missing = sorted(n for n in used if not re.search(rf"(?<![\w]){re.escape(n)}(?![\w])", stated[0]))
         assert not missing, f"{name}: its diff uses {missing}, which its 'Private names used' paragraph does not name"

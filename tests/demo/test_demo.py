@@ -168,8 +168,9 @@ def _run_printed_command(output, error_dir):
 
     As the harness's launches are, it is run once more, with a warning, when it failed only by gloo's rare C++ abort
     at exit (``harness.launcher.aborted_by_gloo``; seen once in a fresh-clone CI run, 1 run in 12 on a loaded CPU
-    here): the workers' tracebacks go to ``error_dir`` (``TRL_HARNESS_ERROR_DIR``, which the demo leaves out of the
-    command because it changes nothing in the run), and the reports of the first run are removed."""
+    here) after both ranks reported their trained models: the workers' tracebacks go to ``error_dir``
+    (``TRL_HARNESS_ERROR_DIR``, which the demo leaves out of the command because it changes nothing in the run), and
+    the reports of the first run are removed."""
     env, argv = printed_command(output)
     command = " ".join(f"{k}={shlex.quote(v)}" for k, v in env.items()) + " " + shlex.join(argv)
     clean = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "HF_HOME")}
@@ -180,8 +181,12 @@ def _run_printed_command(output, error_dir):
         ran = subprocess.run(["bash", "-c", command], env=clean, capture_output=True, text=True, timeout=600)
         return ran.returncode, ran.stdout + ran.stderr
 
+    def trained():  # every rank reported its trained models: the abort came after the run's work
+        reports = [json.loads(p.read_text()) for p in report_dir.glob("rank*.json")]
+        return len(reports) == 2 and all(r.get("stage") == "trained" for r in reports)
+
     returncode, text = run()
-    if returncode != 0 and aborted_by_gloo(text, error_dir):
+    if returncode != 0 and aborted_by_gloo(text, error_dir) and trained():
         warnings.warn(f"the printed command: a worker aborted ({GLOO_ABORT!r}); run once more", stacklevel=2)
         for report in report_dir.glob("rank*.json"):
             report.unlink()
