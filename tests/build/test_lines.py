@@ -498,11 +498,15 @@ _PRIVATE_USES = (
 # the same through the object itself, a string (a prefix stripped from names, an attribute read by name) or a keyword:
 # private unless TRL's tree (library and tests, the whole series applied) defines the name
 _OWN_PRIVATE_USES = (r"\b(?:self|super\(\))\.(_[a-zA-Z]\w*)", r"[\"'](_[a-zA-Z]\w*)\.?[\"']", r"\b(_[a-z]\w*)=")
-_TRL_DEFINES = (
-    r"\b(?:def|class) (_\w+)",
-    r"\b(?:self|cls)\.(_\w+)\s*(?::[^=\n]+)?=(?!=)",
-    r"^\s*(_\w+)\s*(?::[^=\n]+)?=(?!=)",
-)
+_TRL_DEFINES = r"\b(?:def|class) (_\w+)"
+_ASSIGNED = r"^\s*([\w., ]+?)\s*(?::[^=\n]+)?=(?!=)"  # the targets of an assignment (`self._a, self._b = ...`)
+
+
+def _trl_defined_names(text: str) -> set[str]:
+    names = set(re.findall(_TRL_DEFINES, text))
+    for targets in re.findall(_ASSIGNED, text, flags=re.MULTILINE):
+        names |= set(re.findall(r"(?:^|[\s,.])(_\w+)", targets))
+    return names
 
 
 def _private_names_used(diff: str, trl_defines: set[str]) -> set[str]:
@@ -530,7 +534,7 @@ def test_new_line_pr_descriptions_name_the_private_names_their_diffs_use(tmp_pat
     trl_defines = set()
     for path in [*(tree / "trl").rglob("*.py"), *(tree / "tests").rglob("*.py")]:
         text = path.read_text()
-        trl_defines |= {name for pattern in _TRL_DEFINES for name in re.findall(pattern, text, flags=re.M)}
+        trl_defines |= _trl_defined_names(text)
     for name in forkbuild.read_series(line.patches):
         header, _, diff = (line.patches / name).read_text().partition("\n---\n")
         _, paragraphs, trailers = forkbuild.split_message(header.split("\n\n", 1)[1])
