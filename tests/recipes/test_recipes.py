@@ -193,7 +193,9 @@ def run_recipe(fixtures, work, recipe, backend, extra_env, args, expected, *, de
     )
     # GKD's teacher is the policy's checkpoint here (TEACHER): the distillation loss is 0, a step changes nothing
     check_saved_model(work / "output", fixtures["policy"], output, trained=extra_env.get("TRAINER") != "gkd")
-    logged = [line for line in output.splitlines() if line.startswith("[INFO|trl.models.utils]")]
+    # A log line can follow a progress bar's unfinished line (tqdm ends it with "\r", not a newline): from its marker on
+    marker = "[INFO|trl.models.utils]"
+    logged = [marker + line.split(marker, 1)[1] for line in output.splitlines() if marker in line]
     for pattern in expected:
         matches = [line for line in logged if re.search(pattern, line)]
         assert len(matches) == 1, f"{pattern!r}: main process should log it once, got {logged}"
