@@ -1,8 +1,11 @@
 """The harness keeps gloo process group objects alive in the processes it launches on CPU (sitecustomize's
 ``TRL_HARNESS_KEEP_GLOO_GROUPS``): torch's ProcessGroupGloo destructor was seen hanging at exit once the other rank
-had left. The group is still destroyed as torch does it; only its object is never freed."""
+had left. The group is still destroyed as torch does it; only its object is never freed. At exit, the process
+waits until the group's worker threads are idle (a worker that frees a Python-held tensor after the interpreter's
+teardown began aborts the process)."""
 
 import json
+import re
 import sys
 import textwrap
 from pathlib import Path
@@ -23,6 +26,10 @@ WORKER = textwrap.dedent(
     backend = os.environ["BACKEND"] or None  # None: torch picks the backend ("cpu:gloo,cuda:nccl")
     dist.init_process_group(backend, init_method="tcp://127.0.0.1:" + os.environ["PORT"], rank=0, world_size=1)
     group = dist.group.WORLD
+    if os.environ.get("COLLECTIVE"):
+        import torch
+
+        dist.all_reduce(torch.ones(4))
     if os.environ.get("NO_DESTROY"):
         sys.exit(0)  # the group is left to the interpreter's exit
     before = sys.getrefcount(group)
@@ -32,23 +39,30 @@ WORKER = textwrap.dedent(
 )
 
 
-def _run(tmp_path, keep, backend="gloo", destroy=True):
+def _run(tmp_path, keep, backend="gloo", destroy=True, collective=False):
     script = tmp_path / "worker.py"
     script.write_text(WORKER)
     extra = {"PORT": free_port(), "BACKEND": backend, **({} if destroy else {"NO_DESTROY": "1"})}
+    if collective:
+        extra["COLLECTIVE"] = "1"
     env = harness_env(device="cpu", extra=extra)
     if not keep:
         env.pop("TRL_HARNESS_KEEP_GLOO_GROUPS")
-    work = tmp_path / f"{'keep' if keep else 'plain'}-{backend or 'default'}-{destroy}"
+    work = tmp_path / f"{'keep' if keep else 'plain'}-{backend or 'default'}-{destroy}-{collective}"
     result = run_command([sys.executable, script], env=env, workdir=work, timeout=60).check()
     return result.output
+
+
+def _printed(output):
+    (line,) = [line for line in output.splitlines() if line.startswith("{")]
+    return json.loads(line)
 
 
 @pytest.mark.dist
 @pytest.mark.parametrize("backend", ["gloo", ""])
 def test_cpu_launches_never_free_a_gloo_group(tmp_path, backend):
-    plain = json.loads(_run(tmp_path, keep=False, backend=backend).strip().splitlines()[-1])
-    kept = json.loads(_run(tmp_path, keep=True, backend=backend).strip().splitlines()[-1])
+    plain = _printed(_run(tmp_path, keep=False, backend=backend))
+    kept = _printed(_run(tmp_path, keep=True, backend=backend))
     assert not plain["initialized"] and not kept["initialized"]  # destroyed as torch does it
     # one reference fewer released: the harness holds one that is never given back
     assert kept["dropped"] == plain["dropped"] - 1, (plain, kept)
@@ -59,3 +73,14 @@ def test_a_group_never_destroyed_is_kept_at_exit(tmp_path):
     assert "kept 1 gloo process group(s) alive at exit" in _run(tmp_path, keep=True, destroy=False)
     assert "alive at exit" not in _run(tmp_path, keep=False, destroy=False)
     assert "alive at exit" not in _run(tmp_path, keep=True)  # destroyed: kept then, nothing left at exit
+
+
+@pytest.mark.dist
+@pytest.mark.parametrize("destroy", [True, False])
+def test_exit_waits_for_the_gloo_workers_to_be_idle(tmp_path, destroy):
+    """The wait finds the threads Python did not start (the group's workers; none found would make it wait for
+    nothing), and returns once they sleep."""
+    output = _run(tmp_path, keep=True, destroy=destroy, collective=True)
+    found = re.search(r"\[trl-harness\] (\d+) native thread\(s\) idle at exit after ([\d.]+) s", output)
+    assert found and int(found[1]) >= 1 and float(found[2]) < 1.0, output
+    assert "idle at exit" not in _run(tmp_path, keep=False, destroy=destroy, collective=True)  # not kept: no wait

@@ -9,8 +9,9 @@ launcher process and in every worker it spawns.  Each feature is off unless its 
                                   ``<dir>/traceback-rank<RANK>-<pid>.txt`` and register a faulthandler
                                   dump on SIGUSR1 (``<dir>/stacks-rank<RANK>-<pid>.txt``), which the
                                   launcher sends before it kills a launch that timed out.
-- ``TRL_HARNESS_KEEP_GLOO_GROUPS=1`` never free a gloo process group object (CPU launches; see
-                                  ``_keep_gloo_groups``).
+- ``TRL_HARNESS_KEEP_GLOO_GROUPS=1`` never free a gloo process group object, and wait at exit until its
+                                  worker threads are idle (CPU launches; see ``_keep_gloo_groups`` and
+                                  ``_wait_for_idle_gloo_workers``).
 - ``TRL_HARNESS_PRELOAD=<files>`` ``os.pathsep``-separated Python files executed at start-up (the demo's
                                   hook that prints where the reference model lives).
 
@@ -109,6 +110,8 @@ def _keep_gloo_groups():
         keep(c10d)
         if len(kept) > before:
             print(f"[trl-harness] kept {len(kept) - before} gloo process group(s) alive at exit", file=sys.stderr)
+        if kept:
+            _wait_for_idle_gloo_workers()
 
     def patch(c10d):
         import atexit
@@ -128,6 +131,58 @@ def _keep_gloo_groups():
         atexit.register(keep_at_exit, c10d)  # the groups a script never destroyed, before the interpreter frees them
 
     after_import("torch.distributed.distributed_c10d", patch)
+
+
+def _native_thread_states():
+    """``{thread id: state}`` (``R`` running, ``S`` sleeping, ...) of this process's threads that Python did not
+    start: gloo's worker threads among them (named ``pt_gloo_runloop`` by recent torch; torch 2.6 leaves them
+    unnamed)."""
+    import threading
+
+    python_threads = {t.native_id for t in threading.enumerate()}
+    states = {}
+    for task in os.listdir("/proc/self/task"):
+        if int(task) in python_threads:
+            continue
+        try:
+            with open(f"/proc/self/task/{task}/stat") as f:
+                stat = f.read()
+        except OSError:
+            continue  # a thread that ended meanwhile
+        states[task] = stat[stat.rindex(")") + 2]
+    return states
+
+
+def _wait_for_idle_gloo_workers(limit=5.0, interval=0.05):
+    """At exit, before the interpreter is torn down: wait (at most ``limit`` seconds) until no thread that Python did
+    not start (gloo's workers among them) runs or waits to run, in two samples ``interval`` apart.
+
+    A gloo worker frees the last work it ran after the caller was already told it had finished; when that work held a
+    tensor that Python had referenced, freeing it needs the GIL. If the interpreter is already being torn down by
+    then, taking the GIL ends the thread (``pthread_exit``) and the C++ runtime aborts the process: "terminate called
+    without an active exception", SIGABRT, after the script had done all its work (seen here in 2 launches in 90
+    of a 2-process script that exits right after its collectives, on a loaded CPU; 2 launches in a row of a recipe in
+    a fresh-clone CI run, 2026-11-29). Sleeping here frees the GIL, so a worker that waits for it gets it now; a
+    worker that was preempted before it got there is runnable (``R``) and is waited for. Linux only (the thread
+    states come from ``/proc``); elsewhere it returns at once.
+    """
+    import time
+
+    if not os.path.isdir("/proc/self/task"):
+        return
+    start = time.monotonic()
+    idle_samples = 0
+    while time.monotonic() - start < limit:
+        time.sleep(interval)
+        states = _native_thread_states()
+        idle_samples = idle_samples + 1 if all(state not in "RD" for state in states.values()) else 0
+        if idle_samples == 2:
+            print(
+                f"[trl-harness] {len(states)} native thread(s) idle at exit after {time.monotonic() - start:.2f} s",
+                file=sys.stderr,
+            )
+            return
+    print(f"[trl-harness] native thread(s) still running at exit after {limit} s", file=sys.stderr)
 
 
 try:
