@@ -1,0 +1,129 @@
+"""`make demo-vllm` (`examples/demo/run_vllm_demo.py`): GRPO under FSDP2 on 2 CPU processes with a real vLLM (#37 item 7).
+
+The real run (marked `real_vllm`, `make test-real-vllm`) runs the demo as `make demo-vllm` does, with vLLM's CPU build:
+it must pass, print every process's checks, and show the run with the sync replaced by nothing stopped by the check at
+step 1 on both processes. The others run in `make test` (no vLLM there): a Python without vLLM is refused in one line,
+and the demo's verdicts fail on reports where vLLM did not follow the policy or the check did not stop a stale run.
+"""
+
+import importlib.util
+import os
+import subprocess
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+
+LINE = Path(__file__).resolve().parents[1]
+REPO = LINE.parents[1]
+DEMO = REPO / "examples" / "demo" / "run_vllm_demo.py"
+
+
+def _load_demo():
+    spec = importlib.util.spec_from_file_location("run_vllm_demo", DEMO)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+demo = _load_demo()
+ARGS = SimpleNamespace(steps=3, tolerance=0.02)
+OK = SimpleNamespace(ok=True, failure_text=lambda tail_lines: "")
+FIXTURES = {"policy_parameters": 100}
+
+
+def _report(rank, checks, stage="trained", steps=3):
+    return {
+        "rank": rank,
+        "stage": stage,
+        "global_step": steps,
+        "checks": checks,
+        "logged_gaps": [c["gap"] for c in checks if "gap" in c],
+    }
+
+
+def _synced(moved):
+    return [{"step": s, "gap": 5e-4, "from_checkpoint": m} for s, m in enumerate(moved)]
+
+
+STALE = (
+    "RuntimeError: vLLM does not generate with the policy's weights: ... differ from the policy's by 0.13 on average"
+)
+
+
+class TestVerdicts:
+    def test_a_sync_that_landed_passes(self):
+        reports = [_report(rank, _synced([5e-4, 0.13, 0.17])) for rank in range(2)]
+        assert demo.summarize_synced(reports, OK, ARGS, FIXTURES) == []
+
+    def test_vllm_that_stays_on_the_checkpoint_fails(self):
+        # the gaps pass, but vLLM's scores never moved from the checkpoint's: the policy did not move enough to tell
+        reports = [_report(rank, _synced([5e-4, 1e-3, 1e-3])) for rank in range(2)]
+        (problem, *_) = demo.summarize_synced(reports, OK, ARGS, FIXTURES)
+        assert "did not move enough" in problem
+
+    def test_a_missing_check_fails(self):
+        reports = [_report(0, _synced([5e-4, 0.13, 0.17])), _report(1, _synced([5e-4, 0.13]))]
+        assert any("2 sync check(s) for 3 steps" in p for p in demo.summarize_synced(reports, OK, ARGS, FIXTURES))
+
+    def test_the_stale_run_must_be_stopped_by_the_check_on_every_process(self):
+        failed = SimpleNamespace(ok=False, failure_text=lambda tail_lines: "traceback")
+        stopped = [_synced([5e-4])[0], {"step": 1, "error": STALE}]
+        assert demo.summarize_stale([_report(r, stopped, stage="training") for r in range(2)], failed, ARGS) == []
+        # one process trained to the end: the check did not stop it
+        reports = [_report(0, stopped, stage="training"), _report(1, _synced([5e-4, 0.13, 0.17]))]
+        problems = demo.summarize_stale(reports, failed, ARGS)
+        assert any("no check stopped the run" in p for p in problems)
+        # stopped by something else than the check
+        other = [_synced([5e-4])[0], {"step": 1, "error": "KeyError: 'x'"}]
+        problems = demo.summarize_stale([_report(r, other, stage="training") for r in range(2)], failed, ARGS)
+        assert any("not at the sync check" in p for p in problems)
+        # a run that ended successfully
+        assert demo.summarize_stale([_report(r, stopped) for r in range(2)], OK, ARGS)
+
+
+class TestRefusals:
+    def test_a_python_without_vllm_is_refused_in_one_line(self, tmp_path):
+        if importlib.util.find_spec("vllm") is not None:
+            pytest.skip("this Python has vLLM")
+        done = subprocess.run(
+            [sys.executable, str(DEMO), "--workdir", str(tmp_path / "never")],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert done.returncode != 0
+        assert done.stderr.strip().count("\n") == 0, done.stderr
+        assert "make demo-vllm" in done.stderr
+        assert not (tmp_path / "never").exists()
+
+    @pytest.mark.parametrize("argv", [["--steps", "1"], ["--tolerance", "0"], ["--tolerance", "nan"]])
+    def test_bad_options_are_refused(self, argv, capsys):
+        with pytest.raises(SystemExit) as exit_info:
+            demo.parse_args(argv)
+        assert exit_info.value.code == 2
+        assert "run_vllm_demo.py: error: --" in capsys.readouterr().err
+
+
+@pytest.mark.real_vllm
+def test_demo_runs_with_a_real_vllm(tmp_path):
+    python = os.environ.get("TRL_FORK_VLLM_PYTHON") or str(LINE / ".venv-vllm" / "bin" / "python")
+    if not Path(python).is_file():
+        pytest.fail(f"no Python with vLLM's CPU build at {python}: run `make test-real-vllm LINE=1.16.0`")
+    env = {key: value for key, value in os.environ.items() if key not in ("PYTHONPATH", "VLLM_API_KEY")}
+    env.update(PYTHONPATH=str(LINE / "trl-src"), HF_HUB_OFFLINE="1")
+    done = subprocess.run(
+        [python, str(DEMO), "--steps", "2", "--workdir", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=1200,
+    )
+    output = done.stdout + done.stderr
+    assert done.returncode == 0, output[-6000:]
+    assert "DEMO PASSED" in output
+    for rank in range(2):
+        assert f"rank {rank} (FSDP, vLLM colocate, holds " in output
+        assert f"rank {rank}: checks passed at step(s) 0, stopped at step 1 (gap " in output
