@@ -139,7 +139,9 @@ def _native_thread_states():
     unnamed)."""
     import threading
 
-    python_threads = {t.native_id for t in threading.enumerate()}
+    # A thread Python did not start shows in `threading.enumerate()` as a `_DummyThread` once code it runs asked
+    # `threading.current_thread()` (a gloo worker running a Python hook would): it is not Python's, and is waited for
+    python_threads = {t.native_id for t in threading.enumerate() if not isinstance(t, threading._DummyThread)}
     states = {}
     for task in os.listdir("/proc/self/task"):
         if int(task) in python_threads:
