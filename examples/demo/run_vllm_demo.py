@@ -21,7 +21,7 @@ What it does, offline and without a GPU:
    silently moves nothing does; the check must stop that run at the first sync after the policy moved, on both
    processes;
 5. prints a summary; exits non-zero if the first run failed, a check is missing, vLLM did not follow the policy, or
-   the second run was not stopped by the check on every process. About 1.5 minutes on 2 cores.
+   the second run was not stopped by the check on every process. About 1 to 1.5 minutes on 2 cores.
 
 On CPU the launch needs the test harness's start-up shims (accelerate >= 1.10 starts no distributed run without GPUs;
 FSDP is kept on CPU processes), loaded through ``PYTHONPATH``; on GPUs none of them is involved. Pristine TRL 1.16.0
@@ -204,6 +204,8 @@ def summarize_synced(reports, result, args, fixtures):
         if r.get("global_step") != args.steps:
             problems.append(f"rank {r['rank']} did {r.get('global_step')} steps, expected {args.steps}")
         checks = [c for c in r["checks"] if "gap" in c]
+        problems += [f"rank {r['rank']}: vLLM's scores not compared with the checkpoint's at step {c['step']}: "
+                     f"{c['from_checkpoint_error']}" for c in checks if "from_checkpoint_error" in c]  # fmt: skip
         if len(checks) < args.steps:
             problems.append(f"rank {r['rank']}: {len(checks)} sync check(s) for {args.steps} steps")
         if len(r.get("logged_gaps", [])) < args.steps:
@@ -219,8 +221,9 @@ def summarize_synced(reports, result, args, fixtures):
     if not result.ok:
         problems.append(result.failure_text(tail_lines=25))
     if not problems:
-        gaps = [c["gap"] for r in reports for c in r["checks"]]
-        moved = [r["checks"][-1]["from_checkpoint"] for r in reports]
+        checks = [[c for c in r["checks"] if "gap" in c] for r in reports]
+        gaps = [c["gap"] for rank in checks for c in rank]
+        moved = [rank[-1]["from_checkpoint"] for rank in checks]
         print(
             f"=> after every sync vLLM scored the probe as the policy does (gap at most {max(gaps):.1e}, tolerance "
             f"{args.tolerance:g}),\n   and at the last step {_range(moved, '.2f')} away from the checkpoint: vLLM "
@@ -244,6 +247,12 @@ def summarize_stale(reports, result, args):
             why = f"gap {found.group(1)}, above the tolerance {args.tolerance:g}" if found else failed[0]["error"]
             steps = ", ".join(str(c["step"]) for c in passed) or "none"
             print(f"rank {r['rank']}: checks passed at step(s) {steps}, stopped at step {failed[0]['step']} ({why})")
+            if [c["step"] for c in passed] != [0] or failed[0]["step"] != 1:
+                problems.append(
+                    f"rank {r['rank']}: checks passed at step(s) {steps}, the first failed at step "
+                    f"{failed[0]['step']}: expected a pass at step 0 (vLLM and the policy both at the checkpoint) and "
+                    "a stop at step 1"
+                )
         else:
             problems.append(f"rank {r['rank']}: no check stopped the run (stage {r.get('stage')!r})")
         if r.get("stage") == "trained":

@@ -90,26 +90,30 @@ def test_exit_waits_for_the_gloo_workers_to_be_idle(tmp_path, destroy):
     nothing), and returns once they sleep."""
     output = _run(tmp_path, keep=True, destroy=destroy, collective=True)
     found = re.search(r"\[trl-harness\] (\d+) native thread\(s\) idle at exit after ([\d.]+) s", output)
-    assert found and int(found[1]) >= 1 and float(found[2]) < 5.0, output  # within the wait's limit: found idle
+    assert found and int(found[1]) >= 1 and float(found[2]) < 5.5, output  # found idle within the wait's limit
     assert "idle at exit" not in _run(tmp_path, keep=False, destroy=destroy, collective=True)  # not kept: no wait
 
 
 @NO_PROC
-def test_a_native_thread_that_ran_python_is_still_waited_for():
+def test_a_native_thread_that_ran_python_is_still_waited_for(monkeypatch):
     """A thread Python did not start is listed by `threading.enumerate()` (as a `_DummyThread`) once code it runs
     asks `threading.current_thread()`: the wait must still count it as a thread that is not Python's."""
     spec = importlib.util.spec_from_file_location(
         "_harness_site_under_test", Path(__file__).parent / "_site" / "sitecustomize.py"
     )
     site = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(site)  # no TRL_HARNESS_* variable set here: defines its functions, installs nothing
-    started, stop, native_ids = threading.Event(), threading.Event(), []
+    for name in [name for name in os.environ if name.startswith("TRL_HARNESS_")]:
+        monkeypatch.delenv(name)
+    monkeypatch.setattr(sys, "path", [])  # no sitecustomize to chain to
+    spec.loader.exec_module(site)  # without TRL_HARNESS_* variables: defines its functions, installs nothing
+    started, stop, done, native_ids = threading.Event(), threading.Event(), threading.Event(), []
 
     def spin():
         native_ids.append(threading.current_thread().native_id)  # a _DummyThread from now on
         started.set()
         while not stop.is_set():
             pass
+        done.set()
 
     _thread.start_new_thread(spin, ())
     try:
@@ -118,3 +122,4 @@ def test_a_native_thread_that_ran_python_is_still_waited_for():
         assert str(native_ids[0]) in site._native_thread_states()  # listed: waited for while it runs
     finally:
         stop.set()
+        done.wait(30)

@@ -64,6 +64,12 @@ class TestVerdicts:
         (problem, *_) = demo.summarize_synced(reports, OK, ARGS, FIXTURES)
         assert "did not move enough" in problem
 
+    def test_a_failed_comparison_with_the_checkpoint_fails(self):
+        checks = _synced([5e-4, 0.13, 0.17])
+        checks[2] = {"step": 2, "gap": 5e-4, "from_checkpoint_error": "RuntimeError: engine"}
+        reports = [_report(0, _synced([5e-4, 0.13, 0.17])), _report(1, checks)]
+        assert any("not compared with the checkpoint" in p for p in demo.summarize_synced(reports, OK, ARGS, FIXTURES))
+
     def test_a_missing_check_fails(self):
         reports = [_report(0, _synced([5e-4, 0.13, 0.17])), _report(1, _synced([5e-4, 0.13]))]
         assert any("2 sync check(s) for 3 steps" in p for p in demo.summarize_synced(reports, OK, ARGS, FIXTURES))
@@ -82,6 +88,10 @@ class TestVerdicts:
         assert any("not at the sync check" in p for p in problems)
         # a run that ended successfully
         assert demo.summarize_stale([_report(r, stopped) for r in range(2)], OK, ARGS)
+        # stopped by the check, but a step late: a step trained on completions from stale weights
+        late = [*_synced([5e-4, 0.13]), {"step": 2, "error": STALE}]
+        problems = demo.summarize_stale([_report(r, late, stage="training") for r in range(2)], failed, ARGS)
+        assert any("expected a pass at step 0" in p for p in problems)
 
 
 class TestRefusals:
@@ -119,7 +129,7 @@ def test_demo_runs_with_a_real_vllm(tmp_path):
         capture_output=True,
         text=True,
         env=env,
-        timeout=1200,
+        timeout=2 * 900 + 120,  # the demo's two runs, each killed after 900 s
     )
     output = done.stdout + done.stderr
     assert done.returncode == 0, output[-6000:]

@@ -141,7 +141,8 @@ def _native_thread_states():
 
     # A thread Python did not start shows in `threading.enumerate()` as a `_DummyThread` once code it runs asked
     # `threading.current_thread()` (a gloo worker running a Python hook would): it is not Python's, and is waited for
-    python_threads = {t.native_id for t in threading.enumerate() if not isinstance(t, threading._DummyThread)}
+    dummy = getattr(threading, "_DummyThread", ())
+    python_threads = {t.native_id for t in threading.enumerate() if not isinstance(t, dummy)}
     states = {}
     for task in os.listdir("/proc/self/task"):
         if int(task) in python_threads:
