@@ -49,8 +49,8 @@ from harness.launcher import derive_config, harness_env, run_command  # noqa: E4
 HOOK = Path(__file__).resolve().parent / "vllm_demo_hook.py"
 DEMO = Path(__file__).resolve().parent / "run_demo.py"
 DEFAULT_WORKDIR = REPO / "lines" / "1.16.0" / "build" / "demo-vllm"
-# After a correct sync the tiny model's gap was 5e-4 to 6e-4 here (vLLM's CPU engine against the float32 policy); one
-# step at lr 1e-2 moved vLLM's scores 0.13 from the checkpoint's
+# After a correct sync the tiny model's gap was 5e-4 to 8e-4 here (vLLM's CPU engine against the float32 policy); one
+# step at lr 1e-2 moved vLLM's scores 0.09 to 0.13 from the checkpoint's
 TOLERANCE = 0.02
 BACKEND = "fsdp2"
 

@@ -8,11 +8,11 @@ compares that with the checkpoint's log-probabilities (the model on disk, scored
 the weights vLLM generates with have moved from the checkpoint. Next to the check's gap (vLLM against the policy),
 that is what shows the sync landed: vLLM follows the policy, not the checkpoint. It prints one line per check and
 writes ``$TRL_DEMO_REPORT_DIR/rank<R>.json`` for the demo's summary. Nothing here changes what the run does: the
-extra scoring is local to the rank (colocate mode: one engine per process), makes no collective, samples with a
-seed of its own (the process's random state is left as it was) and, when it fails, is reported, not raised; it
-leaves the probe in the engine's prefix cache, as the check itself does. With
-``TRL_DEMO_STALE_SYNC=1`` (the demo's second run) it replaces ``VLLMGeneration.sync_weights`` by a no-op: a sync that
-silently moves nothing. Never used outside the demo.
+extra scoring is local to the rank (colocate mode: one engine per process), makes no collective, leaves the process's
+random state as it was (a seed of its own, the CPU state restored) and, when it fails, is reported, not raised; it
+leaves the probe in the engine's prefix cache, as the check itself does. With ``TRL_DEMO_STALE_SYNC=1`` (the demo's
+second run) it replaces ``VLLMGeneration.sync_weights`` by a no-op: a sync that silently moves nothing. Never used
+outside the demo.
 """
 
 import json
@@ -51,8 +51,7 @@ def _probe(generation):
 def _vllm_logprobs(generation, probe):
     from vllm import SamplingParams
 
-    # seed: the request's own generator, so that the one token sampled here leaves the process's random state (and
-    # with it the training's completions) as it was
+    # the token sampled comes from the request's own generator (seed); the caller restores the CPU random state
     params = SamplingParams(max_tokens=1, temperature=1.0, prompt_logprobs=0, seed=0)
     (output,) = generation.llm.generate([{"prompt_token_ids": probe}], params, use_tqdm=False)
     return [entry[token].logprob for entry, token in zip(output.prompt_logprobs[1:], probe[1:], strict=True)]
@@ -86,11 +85,17 @@ def _patch_generation(module):
             raise
         entry = {"step": _step(), "gap": gap, "tolerance": self.sync_check_tolerance}
         if self.mode == "colocate":
-            try:  # local to this rank: a failure is reported, never raised (the other rank would wait for this one)
-                probe = _probe(self)
-                scored, reference = _vllm_logprobs(self, probe), _checkpoint(probe)
-                moved = sum(abs(a - b) for a, b in zip(scored, reference, strict=True)) / len(scored)
-                entry["from_checkpoint"] = moved
+            import torch
+
+            # Local to this rank: a failure is reported, never raised (the other rank would wait for this one). The
+            # process's CPU random state, which the training draws from and vLLM's CPU engine uses, is restored after
+            try:
+                with torch.random.fork_rng(devices=[]):
+                    probe = _probe(self)
+                    scored, reference = _vllm_logprobs(self, probe), _checkpoint(probe)
+                entry["from_checkpoint"] = sum(abs(a - b) for a, b in zip(scored, reference, strict=True)) / len(
+                    scored
+                )
             except Exception as exc:
                 entry["from_checkpoint_error"] = f"{type(exc).__name__}: {exc}"
         record["checks"].append(entry)
