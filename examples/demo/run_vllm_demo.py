@@ -80,21 +80,28 @@ def parse_args(argv=None):
     return args
 
 
+def _load(path, name):
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+run_demo = _load(DEMO, "run_demo")  # the 1.16.0 demo's helpers: which trl this Python imports, the launch's command
+
+
 def check_environment():
     """The fork's 1.16.0 ``trl`` and a real vLLM in this Python: ``(trl version, trl's folder)``, else a one-line
     ``SystemExit`` that says what to run."""
     how = "run `make demo-vllm` (it builds lines/1.16.0/.venv-vllm, vLLM's CPU build, once)"
-    try:
-        import trl
-    except ImportError:
-        raise SystemExit(f"run_vllm_demo.py: this Python ({sys.executable}) cannot import trl; {how}") from None
-    if not str(trl.__version__).startswith("1.16.0") or importlib.util.find_spec("trl._fork_info") is None:
-        raise SystemExit(
-            f"run_vllm_demo.py: trl {trl.__version__} ({trl.__file__}) is not the fork's 1.16.0 line; {how}"
-        )
+    version, path, line = run_demo.installed_trl()
+    if version is None:
+        raise SystemExit(f"run_vllm_demo.py: this Python ({sys.executable}) cannot import trl; {how}")
+    if line != "1.16.0" or importlib.util.find_spec("trl._fork_info") is None:
+        raise SystemExit(f"run_vllm_demo.py: trl {version} ({path}) is not the fork's 1.16.0 line; {how}")
     if importlib.util.find_spec("vllm") is None:
         raise SystemExit(f"run_vllm_demo.py: no vLLM in this Python ({sys.executable}); {how}")
-    return str(trl.__version__), Path(trl.__file__).resolve().parents[1]
+    return version, Path(path).resolve().parents[1]
 
 
 def grpo_cli_args(fixtures, output_dir, steps, tolerance):
@@ -123,13 +130,6 @@ def grpo_cli_args(fixtures, output_dir, steps, tolerance):
     ]  # fmt: skip
 
 
-def _load(path, name):
-    spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 RUNS = ("synced", "stale")  # the fork's sync; the same run with the sync replaced by nothing
 
 
@@ -143,7 +143,6 @@ def prepare(args, trl_root):
     hf_home = work / "hf_home"
     config = derive_config(BACKEND, hf_home / "accelerate", device="cpu", num_processes=2)
     config.replace(hf_home / "accelerate" / "default_config.yaml")  # what `accelerate config` would write
-    trl_executable = _load(DEMO, "run_demo").trl_executable
     launches = {}
     for run in RUNS:
         reports, errors = work / "reports" / run, work / "errors" / run
@@ -164,7 +163,7 @@ def prepare(args, trl_root):
         if str(trl_root) not in paths:  # the fork's trl, after the shims
             env["PYTHONPATH"] = os.pathsep.join([*paths, str(trl_root)])
         cli_args = grpo_cli_args(fixtures, work / "output" / run, args.steps, args.tolerance)
-        launches[run] = ([*trl_executable(), *cli_args], env)
+        launches[run] = ([*run_demo.trl_executable(), *cli_args], env)
     return work, fixtures, launches
 
 
@@ -281,7 +280,7 @@ def main(argv=None):
     print("      On CPU the launch loads the test harness's shims (accelerate >= 1.10 starts no distributed run")
     print("      without GPUs; FSDP is kept on CPU processes) through PYTHONPATH; on GPUs none is involved.")
     print(f"      Equivalent command (files kept in {work}):")
-    print("        " + _load(DEMO, "run_demo").equivalent_command(env, argv, indent=" " * 8), flush=True)
+    print("        " + run_demo.equivalent_command(env, argv, indent=" " * 8), flush=True)
     results, reports = {}, {}
     for run in RUNS:
         if run == "stale":
