@@ -31,6 +31,8 @@ FORK_OPTIONS = {
     "--api-key",
     "--vllm_sync_check_tolerance",  # the check that vLLM has the policy's weights (patch 0030)
     "--vllm-sync-check-tolerance",
+    "--weight_transfer_backend",  # `trl vllm-serve`: the weights over gloo (patch 0032)
+    "--weight-transfer-backend",
 }
 
 

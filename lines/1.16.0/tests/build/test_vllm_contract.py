@@ -206,6 +206,12 @@ class _MethodReader:
             if isinstance(stmt, ast.If):
                 self.expressions(stmt.test, cond, stmt)
                 flag = self.client._flag(stmt.test)
+                if flag is None and isinstance(stmt.test, ast.BoolOp) and isinstance(stmt.test.op, ast.And):
+                    # `switch and <a runtime condition>`: the body runs under the switch, the else under either
+                    flags = [found for value in stmt.test.values if (found := self.client._flag(value))]
+                    self.statements(stmt.body, cond | set(flags))
+                    self.statements(stmt.orelse, cond)
+                    continue
                 self.statements(stmt.body, cond | {flag} if flag else cond)
                 self.statements(stmt.orelse, cond | {(flag[0], not flag[1])} if flag else cond)
             elif isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef)):
@@ -955,6 +961,7 @@ def test_the_client_is_read_as_expected(client):
         ("get_ip", None),
         ("trainer_init", None),
         ("NCCLWeightTransferEngine", "trainer_init"),
+        ("get_ip", None),  # the gloo group's address (patch 0032: TRL's own engine, not vLLM's)
         ("packed_nccl_broadcast_producer", None),
         ("NCCLWeightTransferEngine", "trainer_send_weights"),
         ("NCCLTrainerSendWeightsArgs", None),
