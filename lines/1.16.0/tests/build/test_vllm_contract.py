@@ -1039,7 +1039,14 @@ MUTATIONS = {
         "0.22.0",
         "reads a JSON body",
     ),
-    "init key": ('"master_address": get_ip()', '"master_addr": get_ip()', "0.22.0", "has no field master_addr"),
+    "init key": (  # (the NCCL path's init info; the gloo path's, patch 0032, goes to TRL's own engine)
+        '"master_address": get_ip(),\n            "master_port": self.group_port,\n            "rank_offset": 1,\n'
+        '            "world_size": world_size,',
+        '"master_addr": get_ip(),\n            "master_port": self.group_port,\n            "rank_offset": 1,\n'
+        '            "world_size": world_size,',
+        "0.22.0",
+        "has no field master_addr",
+    ),
     "update key": ('"dtype_names": dtype_names', '"dtypes": dtype_names', "0.31.0", "requires dtype_names"),
     "completion key": ('"prompt_logprobs": top', '"prompt_logprobz": top', "0.31.0", "has no field prompt_logprobz"),
     "query": ('{"config_format": "json"}', '{"config_format": "yaml"}', "0.31.0", "'yaml' is not one of"),
