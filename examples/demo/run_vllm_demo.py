@@ -26,6 +26,11 @@ What it does, offline and without a GPU:
 On CPU the launch needs the test harness's start-up shims (accelerate >= 1.10 starts no distributed run without GPUs;
 FSDP is kept on CPU processes), loaded through ``PYTHONPATH``; on GPUs none of them is involved. Pristine TRL 1.16.0
 has no sync check, and its colocate sync stops on vLLM's CPU platform (patch 0026 is what makes it land there).
+
+Options run the same demo on other launches (``lines/1.16.0/tests/test_real_vllm_grpo.py`` runs them): ``--backend
+zero3|ddp``, ``--num-processes 4``, ``--lora`` (a LoRA adapter on ``q_proj`` and ``v_proj``, merged into what vLLM
+receives), ``--synced-only`` (the first run only). Not FSDP1: ``trl grpo`` saves the model at the end, and FSDP1's full
+state dict stops a CPU process with a segmentation fault (with or without vLLM; not seen on GPUs here).
 """
 
 import argparse
@@ -52,7 +57,10 @@ DEFAULT_WORKDIR = REPO / "lines" / "1.16.0" / "build" / "demo-vllm"
 # After a correct sync the tiny model's gap was 5e-4 to 8e-4 here (vLLM's CPU engine against the float32 policy); one
 # step at lr 1e-2 moved vLLM's scores 0.09 to 0.13 from the checkpoint's
 TOLERANCE = 0.02
-BACKEND = "fsdp2"
+BACKENDS = ("fsdp2", "zero3", "ddp")  # the harness's accelerate configs (tests/harness/launcher.py); not FSDP1 (above)
+# LoRA: the adapter's B starts at zero, so a step at the full run's rate moves the merged weights far less
+LORA_ARGS = ["--use_peft", "true", "--lora_r", "8", "--lora_alpha", "32", "--lora_target_modules", "q_proj", "v_proj"]
+LORA_LEARNING_RATE = "5e-2"
 
 
 def parse_args(argv=None):
@@ -70,6 +78,18 @@ def parse_args(argv=None):
     )
     parser.add_argument(
         "--timeout", type=int, default=900, help="seconds before the run is killed (default: %(default)s)"
+    )
+    parser.add_argument(
+        "--backend", choices=BACKENDS, default=BACKENDS[0], help="how the policy is sharded (default: %(default)s)"
+    )
+    parser.add_argument(
+        "--num-processes", type=int, choices=(2, 4), default=2, help="training processes (default: %(default)s)"
+    )
+    parser.add_argument(
+        "--lora", action="store_true", help=f"train a LoRA adapter ({' '.join(LORA_ARGS)}) instead of the policy"
+    )
+    parser.add_argument(
+        "--synced-only", action="store_true", help="skip the second run (the sync replaced by nothing)"
     )
     parser.add_argument("--verbose", action="store_true", help="echo the whole training output")
     args = parser.parse_args(argv)
@@ -104,7 +124,7 @@ def check_environment():
     return version, Path(path).resolve().parents[1]
 
 
-def grpo_cli_args(fixtures, output_dir, steps, tolerance):
+def grpo_cli_args(fixtures, output_dir, steps, tolerance, lora=False):
     return [
         "grpo",
         "--model_name_or_path", fixtures["policy"],
@@ -115,7 +135,7 @@ def grpo_cli_args(fixtures, output_dir, steps, tolerance):
         "--per_device_train_batch_size", "2",
         "--num_generations", "2",
         "--max_completion_length", "8",
-        "--learning_rate", "1e-2",
+        "--learning_rate", LORA_LEARNING_RATE if lora else "1e-2",
         "--bf16", "false",
         "--logging_steps", "1",
         "--save_strategy", "no",
@@ -127,24 +147,29 @@ def grpo_cli_args(fixtures, output_dir, steps, tolerance):
         "--vllm_gpu_memory_utilization", "0.5",
         "--vllm_max_model_length", "128",
         "--vllm_sync_check_tolerance", str(tolerance),
+        *(LORA_ARGS if lora else []),
     ]  # fmt: skip
 
 
 RUNS = ("synced", "stale")  # the fork's sync; the same run with the sync replaced by nothing
 
 
+def runs(args):
+    return RUNS[:1] if args.synced_only else RUNS
+
+
 def prepare(args, trl_root):
-    """Fixtures, config and both launches: (work dir, fixtures, {run: (argv, env)})."""
+    """Fixtures, config and the launches: (work dir, fixtures, {run: (argv, env)})."""
     work = Path(args.workdir).resolve()
     work.mkdir(parents=True, exist_ok=True)
     print(f"[1/4] building a tiny policy, reward model and prompts in {work / 'fixtures'} (tools/tiny_model.py)")
     fixtures = _load(REPO / "tools" / "tiny_model.py", "tiny_model").build(work / "fixtures")
-    print(f"[2/4] accelerate config for {BACKEND} on 2 CPU processes", flush=True)
+    print(f"[2/4] accelerate config for {args.backend} on {args.num_processes} CPU processes", flush=True)
     hf_home = work / "hf_home"
-    config = derive_config(BACKEND, hf_home / "accelerate", device="cpu", num_processes=2)
+    config = derive_config(args.backend, hf_home / "accelerate", device="cpu", num_processes=args.num_processes)
     config.replace(hf_home / "accelerate" / "default_config.yaml")  # what `accelerate config` would write
     launches = {}
-    for run in RUNS:
+    for run in runs(args):
         reports, errors = work / "reports" / run, work / "errors" / run
         for directory, pattern in ((reports, "rank*.json"), (errors, "*.txt")):
             directory.mkdir(parents=True, exist_ok=True)
@@ -158,11 +183,13 @@ def prepare(args, trl_root):
         }
         if run == "stale":
             extra["TRL_DEMO_STALE_SYNC"] = "1"
-        env = harness_env(BACKEND, device="cpu", error_dir=errors, preload=[ACCELERATE110_SHIM, HOOK], extra=extra)
+        env = harness_env(
+            args.backend, device="cpu", error_dir=errors, preload=[ACCELERATE110_SHIM, HOOK], extra=extra
+        )
         paths = env["PYTHONPATH"].split(os.pathsep)
         if str(trl_root) not in paths:  # the fork's trl, after the shims
             env["PYTHONPATH"] = os.pathsep.join([*paths, str(trl_root)])
-        cli_args = grpo_cli_args(fixtures, work / "output" / run, args.steps, args.tolerance)
+        cli_args = grpo_cli_args(fixtures, work / "output" / run, args.steps, args.tolerance, args.lora)
         launches[run] = ([*run_demo.trl_executable(), *cli_args], env)
     return work, fixtures, launches
 
@@ -186,8 +213,8 @@ def _range(values, fmt):
 def summarize_synced(reports, result, args, fixtures):
     """The first run: the checks of every process; returns its problems."""
     problems = []
-    if len(reports) != 2:
-        problems.append(f"{len(reports)} process(es) reported, expected 2")
+    if len(reports) != args.num_processes:
+        problems.append(f"{len(reports)} process(es) reported, expected {args.num_processes}")
     for r in reports:
         print(f"rank {r['rank']} ({r.get('backend', '?')}, vLLM {r.get('vllm_mode', '?')}{_share(r, fixtures)}):")
         print(f"  {'step':>4}  {'vLLM vs policy':>14}  {'vLLM vs checkpoint':>18}")
@@ -234,8 +261,8 @@ def summarize_synced(reports, result, args, fixtures):
 def summarize_stale(reports, result, args):
     """The second run: every process must have stopped at the first check after the policy moved (step 1)."""
     problems = []
-    if len(reports) != 2:
-        problems.append(f"{len(reports)} process(es) reported, expected 2")
+    if len(reports) != args.num_processes:
+        problems.append(f"{len(reports)} process(es) reported, expected {args.num_processes}")
     stops = []
     for r in reports:
         failed = [c for c in r["checks"] if "error" in c]
@@ -282,47 +309,48 @@ def main(argv=None):
     print(f"      Equivalent command (files kept in {work}):")
     print("        " + run_demo.equivalent_command(env, argv, indent=" " * 8), flush=True)
     results, reports = {}, {}
-    for run in RUNS:
+    for run in runs(args):
         if run == "stale":
             print(
                 "[4/4] the same run with the weight sync replaced by nothing (TRL_DEMO_STALE_SYNC=1): what a sync",
                 flush=True,
             )
-            print("      that silently moves nothing does; the check must stop it on both processes", flush=True)
+            print("      that silently moves nothing does; the check must stop it on every process", flush=True)
         argv, env = launches[run]
         results[run] = run_command(
             argv,
             env=env,
             workdir=work / "launch" / run,
-            backend=BACKEND,
+            backend=args.backend,
             timeout=args.timeout,
             cwd=work,
             echo=lambda line: args.verbose or line.startswith("[demo]"),
-            fresh=[work / "reports" / run / f"rank{rank}.json" for rank in range(2)],
+            fresh=[work / "reports" / run / f"rank{rank}.json" for rank in range(args.num_processes)],
         )
         found = [json.loads(p.read_text()) for p in (work / "reports" / run).glob("rank*.json")]
         reports[run] = sorted(found, key=lambda r: r["rank"])
     print("\n" + "=" * 78)
+    policy = "a LoRA adapter" if args.lora else "the policy"
     print(
-        f"GRPO with a real vLLM (colocate), FSDP2, 2 CPU processes, {args.steps} steps, tolerance {args.tolerance:g}"
+        f"GRPO ({policy}) with a real vLLM (colocate), {args.backend}, {args.num_processes} CPU processes, "
+        f"{args.steps} steps, tolerance {args.tolerance:g}"
     )
     print("=" * 78)
     print("the fork's weight sync:")
     problems = summarize_synced(reports["synced"], results["synced"], args, fixtures)
-    print("-" * 78)
-    print("the weight sync replaced by nothing:")
-    problems += summarize_stale(reports["stale"], results["stale"], args)
+    if "stale" in results:
+        print("-" * 78)
+        print("the weight sync replaced by nothing:")
+        problems += summarize_stale(reports["stale"], results["stale"], args)
     print("-" * 78)
     if problems:
         print("DEMO FAILED:")
         for problem in problems:
             print(problem)
     else:
-        print(
-            f"DEMO PASSED in {time.monotonic() - start:.0f}s (training runs: {results['synced'].duration:.0f}s, "
-            f"{results['stale'].duration:.0f}s)"
-        )
-    logs = ", ".join(str(results[run].log_path) for run in RUNS)
+        durations = ", ".join(f"{results[run].duration:.0f}s" for run in results)
+        print(f"DEMO PASSED in {time.monotonic() - start:.0f}s (training runs: {durations})")
+    logs = ", ".join(str(results[run].log_path) for run in results)
     print(f"(work directory kept: {work}; training logs: {logs})")
     return 1 if problems else 0
 

@@ -62,9 +62,14 @@ def _checkpoint(probe):
     key = tuple(probe)
     if key not in _checkpoint_logprobs:
         import torch
-        from transformers import AutoModelForCausalLM
+        import transformers
+        from safetensors.torch import load_file
 
-        model = AutoModelForCausalLM.from_pretrained(os.environ["TRL_DEMO_CHECKPOINT"], dtype=torch.float32).eval()
+        # Built from its class, not `from_pretrained`, which would partition it under ZeRO-3 (this copy is local)
+        checkpoint = Path(os.environ["TRL_DEMO_CHECKPOINT"])
+        config = transformers.AutoConfig.from_pretrained(checkpoint)
+        model = getattr(transformers, config.architectures[0])(config).float().eval()
+        model.load_state_dict(load_file(checkpoint / "model.safetensors"))
         with torch.no_grad():
             ids = torch.tensor([probe])
             logits = model(input_ids=ids).logits[0, :-1]

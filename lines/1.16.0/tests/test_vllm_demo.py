@@ -29,9 +29,10 @@ def _load_demo():
 
 
 demo = _load_demo()
-ARGS = SimpleNamespace(steps=3, tolerance=0.02)
+ARGS = SimpleNamespace(steps=3, tolerance=0.02, num_processes=2)
 OK = SimpleNamespace(ok=True, failure_text=lambda tail_lines: "")
 FIXTURES = {"policy_parameters": 100}
+FIXTURES_FILES = {"policy": "policy", "reward": "reward", "prompts": "prompts"}
 
 
 def _report(rank, checks, stage="trained", steps=3):
@@ -115,6 +116,21 @@ class TestRefusals:
             demo.parse_args(argv)
         assert exit_info.value.code == 2
         assert "run_vllm_demo.py: error: --" in capsys.readouterr().err
+
+    # FSDP1 is not offered: `trl grpo`'s final save under FSDP1 stops a CPU process (the demo's docstring)
+    @pytest.mark.parametrize("argv", [["--backend", "fsdp1"], ["--num-processes", "3"]])
+    def test_launches_it_does_not_run_are_refused(self, argv, capsys):
+        with pytest.raises(SystemExit) as exit_info:
+            demo.parse_args(argv)
+        assert exit_info.value.code == 2
+        assert f"run_vllm_demo.py: error: argument {argv[0]}: invalid choice" in capsys.readouterr().err
+
+    def test_options_reach_the_launch(self):
+        args = demo.parse_args(["--backend", "zero3", "--num-processes", "4", "--lora", "--synced-only"])
+        assert (args.backend, args.num_processes, args.lora, demo.runs(args)) == ("zero3", 4, True, ("synced",))
+        cli = demo.grpo_cli_args(FIXTURES_FILES, Path("out"), 2, 0.02, lora=True)
+        assert cli[cli.index("--use_peft") + 1] == "true" and cli[cli.index("--learning_rate") + 1] == "5e-2"
+        assert "--use_peft" not in demo.grpo_cli_args(FIXTURES_FILES, Path("out"), 2, 0.02)
 
 
 @pytest.mark.real_vllm
