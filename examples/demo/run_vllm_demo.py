@@ -27,7 +27,7 @@ On CPU the launch needs the test harness's start-up shims (accelerate >= 1.10 st
 FSDP is kept on CPU processes), loaded through ``PYTHONPATH``; on GPUs none of them is involved. Pristine TRL 1.16.0
 has no sync check, and its colocate sync stops on vLLM's CPU platform (patch 0026 is what makes it land there).
 
-Options run the same demo on other launches (``lines/1.16.0/tests/test_real_vllm_grpo.py`` runs them): ``--backend
+Options run the same demo on other launches (``lines/1.16.0/tests/test_vllm_demo.py`` runs them): ``--backend
 zero3|ddp``, ``--num-processes 4``, ``--lora`` (a LoRA adapter on ``q_proj`` and ``v_proj``, merged into what vLLM
 receives), ``--synced-only`` (the first run only). Not FSDP1: ``trl grpo`` saves the model at the end, and FSDP1's full
 state dict stops a CPU process with a segmentation fault (with or without vLLM; not seen on GPUs here).
