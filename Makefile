@@ -34,7 +34,7 @@ PY := $(VENV)/bin/python
 # our code with that line's ruff) stop with one line on another line, and the 1.16.0 line's own (its real vLLM) on
 # 0.16.1: at parse time, before any prerequisite (a venv) is built.
 TARGETS_0161 := upstream-suite test-torch26 venv-torch26 recipes-gpu style heavy-steps
-TARGETS_1160 := venv-vllm test-real-vllm test-real-vllm-versions demo-vllm
+TARGETS_1160 := venv-vllm test-real-vllm test-real-vllm-patches test-real-vllm-versions demo-vllm
 ifneq ($(LINE),0.16.1)
 ifneq ($(filter $(TARGETS_0161),$(MAKECMDGOALS)),)
 $(error make $(firstword $(filter $(TARGETS_0161),$(MAKECMDGOALS))): the 0.16.1 line's target; run it with LINE=0.16.1)
@@ -59,7 +59,7 @@ export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
 .PHONY: help install dev materialize export check-roundtrip check-tracked pr-branches info \
 	test test-dist test-slow test-gpu recipes-gpu test-all demo prove quality style ci clean \
-	venv-torch26 test-torch26 venv-vllm test-real-vllm test-real-vllm-versions demo-vllm heavy-steps
+	venv-torch26 test-torch26 venv-vllm test-real-vllm test-real-vllm-patches test-real-vllm-versions demo-vllm heavy-steps
 
 help:  ## list the targets (with this LINE's paths)
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed -E 's/:.*## /\t/' \
@@ -202,8 +202,16 @@ venv-vllm: $(VLLM_STAMP)  ## (LINE=1.16.0) create $(VENV_VLLM): vLLM's CPU build
 demo-vllm: dev venv-vllm  ## (LINE=1.16.0) GRPO under FSDP2 generating with a real vLLM (CPU build): the sync check, per step
 	PYTHONPATH=$(abspath $(TREE)) HF_HUB_OFFLINE=1 $(PY_VLLM) examples/demo/run_vllm_demo.py $(DEMO_ARGS)
 
+# The line's real_vllm tests (the demo, `trl grpo` launches, the user guide's commands, `trl vllm-serve`) always run;
+# the patches' real-engine tests (Test-Needs: vllm) are a recorded step: with SKIP_IF_RECORDED=1 (CI) they are skipped
+# while what they read (the line's folder but its docs, tools/, the harness, the Makefile, pytest's settings, this vLLM
+# release) is byte-identical to their last passing run here (tools/step_record.py, patches/steps_proven.json). `make
+# prove` runs the same tests, patch by patch, against the same vLLM.
 test-real-vllm: dev venv-vllm  ## (LINE=1.16.0) a real vLLM (CPU build): `trl vllm-serve` (real_vllm) and colocate sync
 	TRL_FORK_VLLM_PYTHON=$(abspath $(PY_VLLM)) $(PY) -m pytest -m real_vllm $(LINE_TESTS) $(PYTEST_ARGS)
+	$(STEP) real-vllm-patch-tests -- make --no-print-directory test-real-vllm-patches VLLM_CPU=$(VLLM_CPU)
+
+test-real-vllm-patches: dev venv-vllm  ## (LINE=1.16.0) the patches' own tests that need a real vLLM (Test-Needs: vllm), on the whole series
 	tests=$$($(PY) tools/forkbuild.py --line $(LINE) patch-tests --tree $(TREE) --needs vllm); \
 	test -n "$$tests" || { echo "no patch of the line has Test-Needs: vllm"; exit 1; }; \
 	PYTHONPATH=$(TREE) HF_HUB_OFFLINE=1 $(PY_VLLM) -m pytest -p no:cacheprovider $$tests $(PYTEST_ARGS)

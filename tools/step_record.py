@@ -1,4 +1,5 @@
-"""Skip a heavy CI step of a line in maintenance when nothing it reads has changed since it last passed (#39 item 4).
+"""Skip a heavy CI step when nothing it reads has changed since it last passed (#39 item 4): the 0.16.1 line's (in
+maintenance) matrix, own suite and golden; the 1.16.0 line's patch tests against a real vLLM (`make test-real-vllm`).
 
     python3 tools/step_record.py --line 0.16.1 --step matrix -- make test-dist LINE=0.16.1 DIST_MARK="..."
     python3 tools/step_record.py --line 0.16.1 --step matrix --skip-if-recorded -- make ...   # CI
@@ -12,7 +13,7 @@ the Makefile and the root's pyproject.toml (pytest's settings), except documenta
 and the records themselves. ``--skip-if-recorded`` exits 0 without running the command when the current state is the recorded one,
 byte for byte, and the record is at most ``MAX_AGE_DAYS`` old (new releases within the line's dependency bounds);
 anything else runs the step in full. CI never records: commit the file written by a passing run here
-(``make heavy-steps LINE=0.16.1``).
+(``make heavy-steps LINE=0.16.1``, ``make test-real-vllm``).
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ import forkbuild  # noqa: E402
 RECORD = "steps_proven.json"
 RECORDS = ("proven.json", "torch26_proven.json", RECORD)  # written by the proofs and runs: never part of a state
 MAX_AGE_DAYS = 7
-# What a maintenance line's heavy steps read outside the line's own folder (relative to the repository's root): the
+# What a line's recorded steps read outside the line's own folder (relative to the repository's root): the
 # tools, the harness (its pytest plugin, launcher, workers' shared parts), the benchmarks (the memory gate runs one),
 # the accelerate configs, the Makefile and pytest's settings. The root's other tests (build, recipes, demo) belong to
 # no heavy step.

