@@ -202,14 +202,14 @@ venv-vllm: $(VLLM_STAMP)  ## (LINE=1.16.0) create $(VENV_VLLM): vLLM's CPU build
 demo-vllm: dev venv-vllm  ## (LINE=1.16.0) GRPO under FSDP2 generating with a real vLLM (CPU build): the sync check, per step
 	PYTHONPATH=$(abspath $(TREE)) HF_HUB_OFFLINE=1 $(PY_VLLM) examples/demo/run_vllm_demo.py $(DEMO_ARGS)
 
-# The line's real_vllm tests (the demo, `trl grpo` launches, the user guide's commands, `trl vllm-serve`) always run;
-# the patches' real-engine tests (Test-Needs: vllm) are a recorded step: with SKIP_IF_RECORDED=1 (CI) they are skipped
-# while what they read (the line's folder but its docs, tools/, the harness, the Makefile, pytest's settings, this vLLM
-# release) is byte-identical to their last passing run here (tools/step_record.py, patches/steps_proven.json). `make
-# prove` runs the same tests, patch by patch, against the same vLLM.
+# The line's real_vllm tests (the demo, `trl grpo` launches, the user guide's commands, `trl vllm-serve`, the
+# benchmark's tiny run) always run; the patches' real-engine tests (Test-Needs: vllm) are a recorded step (STEP_RECORD below):
+# with SKIP_IF_RECORDED=1 (CI) they are skipped while the files they read, the packages of both venvs and the vLLM
+# asked for (VLLM_CPU, in the command) are those of their last passing run here, at most 7 days ago.
 test-real-vllm: dev venv-vllm  ## (LINE=1.16.0) a real vLLM (CPU build): `trl vllm-serve` (real_vllm) and colocate sync
 	TRL_FORK_VLLM_PYTHON=$(abspath $(PY_VLLM)) $(PY) -m pytest -m real_vllm $(LINE_TESTS) $(PYTEST_ARGS)
-	$(STEP) real-vllm-patch-tests -- make --no-print-directory test-real-vllm-patches VLLM_CPU=$(VLLM_CPU)
+	$(STEP_RECORD) --environment $(PY_VLLM) --step real-vllm-patch-tests -- \
+	  make --no-print-directory test-real-vllm-patches VLLM_CPU='$(VLLM_CPU)'
 
 test-real-vllm-patches: dev venv-vllm  ## (LINE=1.16.0) the patches' own tests that need a real vLLM (Test-Needs: vllm), on the whole series
 	tests=$$($(PY) tools/forkbuild.py --line $(LINE) patch-tests --tree $(TREE) --needs vllm); \
@@ -240,12 +240,17 @@ golden: dev  ## fork vs the line's pristine base on default paths (1 process and
 upstream-suite: dev  ## TRL 0.16.1's own tests on the base and on the fork; per-file table; fails on regressions
 	$(PY) $(PROJECT)/tools/upstream_suite.py $(UPSTREAM_ARGS)
 
-# --- the 0.16.1 line in maintenance (#39 item 4): its heavy CI steps, each skipped by CI (SKIP_IF_RECORDED=1) when
-# what it reads (the line's folder, tools/, tests/harness/, benchmarks/, the accelerate configs, Makefile,
-# pyproject.toml; no docs) is byte-identical to the state it passed on here, at most 7 days ago. A passing run outside CI records each step in
-# lines/0.16.1/patches/steps_proven.json (tools/step_record.py): commit it. Its fast tests (`make test`) always run.
+# --- Recorded steps (#39 item 4): a heavy CI step run through tools/step_record.py is skipped by CI
+# (SKIP_IF_RECORDED=1) when what it reads (the line's folder, tools/, tests/harness/, benchmarks/, the accelerate
+# configs, Makefile, pyproject.toml; no docs), the packages of the venvs it runs (--environment) and its command are
+# those of a run that passed here, at most 7 days ago, and it is run as CI runs it (no make settings, trl-src/ the
+# series). A passing run outside CI records each step in lines/<version>/patches/steps_proven.json: commit it. The
+# 0.16.1 line's (in maintenance): its matrix's rest, TRL 0.16.1's own suite, golden; its fast tests (`make test`)
+# always run. The 1.16.0 line's: the patches' tests against a real vLLM (test-real-vllm above).
 SKIP_IF_RECORDED ?=
-STEP = $(PYTHON) tools/step_record.py --line $(LINE) $(if $(filter 1,$(SKIP_IF_RECORDED)),--skip-if-recorded) --step
+STEP_RECORD = $(PYTHON) tools/step_record.py --line $(LINE) $(if $(filter 1,$(SKIP_IF_RECORDED)),--skip-if-recorded) \
+	--environment $(PY)
+STEP = $(STEP_RECORD) --step
 heavy-steps:  ## (LINE=0.16.1) the rest of the matrix, TRL 0.16.1's own suite, golden; each recorded when it passes
 	$(STEP) matrix -- make --no-print-directory test-dist LINE=0.16.1 DIST_MARK="dist and slow and not gpu"
 	$(STEP) upstream-suite -- make --no-print-directory upstream-suite LINE=0.16.1

@@ -6,14 +6,15 @@ maintenance) matrix, own suite and golden; the 1.16.0 line's patch tests against
 
 Runs the command after ``--``; when it passes, run as CI runs it (no ``PYTEST_ADDOPTS``, no ``TRL_HARNESS_*`` in the
 environment) and with nothing it reads changed while it ran, records the step's state in the line's
-``patches/steps_proven.json``. The state is a hash of the step's name and command, the Python version (major.minor)
-and every file the step reads (``hashed_files``): the line's own folder (its tests, patches with their tests, pins),
-the tools, the test harness (``tests/harness``), the benchmarks (the memory gate runs one), the accelerate configs,
-the Makefile and the root's pyproject.toml (pytest's settings), except documentation (docs folders, markdown files)
-and the records themselves. ``--skip-if-recorded`` exits 0 without running the command when the current state is the recorded one,
-byte for byte, and the record is at most ``MAX_AGE_DAYS`` old (new releases within the line's dependency bounds);
-anything else runs the step in full. CI never records: commit the file written by a passing run here
-(``make heavy-steps LINE=0.16.1``, ``make test-real-vllm``).
+``patches/steps_proven.json``. The state is a hash of the step's name and command, the Python version (major.minor),
+the packages installed in each venv given with ``--environment`` (``pip freeze``, editable installs left out) and every
+file the step reads (``hashed_files``): the line's own folder (its tests, patches with their tests, pins), the tools,
+the test harness (``tests/harness``), the benchmarks (the memory gate runs one), the accelerate configs, the Makefile
+and the root's pyproject.toml (pytest's settings for the root's tests), except documentation (docs folders, markdown
+files) and the records themselves. ``--skip-if-recorded`` exits 0 without running the command when the current state
+is the recorded one, byte for byte, the record is at most ``MAX_AGE_DAYS`` old and the step is run as CI runs it (no
+make settings, the line's ``trl-src/`` its series: ``altered_settings``); anything else runs the step in full. CI never
+records: commit the file written by a passing run here (``make heavy-steps LINE=0.16.1``, ``make test-real-vllm``).
 """
 
 from __future__ import annotations
@@ -62,9 +63,26 @@ def hashed_files(line: forkbuild.Line) -> list[str]:
     return keep
 
 
-def step_state(line: forkbuild.Line, step: str, command: list[str]) -> str:
+def environment(python: str) -> str:
+    """The packages installed in the venv of ``python`` (``pip freeze`` but editable installs, which are the line's
+    own tree, sorted), or why there are none: part of a step's state, so a venv that pip resolved to other releases
+    (within the line's bounds) does not match a record made with another."""
+    try:
+        result = subprocess.run(
+            [python, "-m", "pip", "freeze", "--exclude-editable"], capture_output=True, text=True, cwd=forkbuild.ROOT
+        )
+    except OSError as exc:
+        return f"unavailable: {exc.strerror}"
+    if result.returncode != 0:
+        return f"unavailable: pip freeze exited with {result.returncode}"
+    return "\n".join(sorted(result.stdout.split()))
+
+
+def step_state(line: forkbuild.Line, step: str, command: list[str], environments: list[str] = ()) -> str:
     python = f"{sys.version_info[0]}.{sys.version_info[1]}"
-    salt = f"steps/1\0{line.name}\0{step}\0{shlex.join(command)}\0python {python}\0".encode()
+    salt = f"steps/2\0{line.name}\0{step}\0{shlex.join(command)}\0python {python}\0".encode()
+    for venv_python in environments:
+        salt += f"environment\0{environment(venv_python)}\0".encode()
     paths = [forkbuild.ROOT / rel for rel in hashed_files(line)]
     return forkbuild.files_digest(salt, paths, relative_to=forkbuild.ROOT).hexdigest()
 
@@ -117,6 +135,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--line", required=True, help="the line whose step this is")
     parser.add_argument("--step", required=True, help="the step's name in the record")
     parser.add_argument("--skip-if-recorded", action="store_true", help="skip when the record matches (CI)")
+    parser.add_argument(
+        "--environment",
+        action="append",
+        default=[],
+        metavar="PYTHON",
+        help="a venv's Python the step runs: its installed packages are part of the state (repeatable)",
+    )
     args = parser.parse_args(argv[:split])
     command = argv[split + 1 :]
     if not command:
@@ -127,18 +152,25 @@ def main(argv: list[str] | None = None) -> int:
     except forkbuild.BuildError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
-    before = step_state(line, args.step, command)
+    before = step_state(line, args.step, command, args.environment)
     if args.skip_if_recorded:
         why = recorded(line, args.step, before)
-        if why:
+        altered = altered_settings(line) if why else []
+        if why and not altered:
             print(why, flush=True)
             return 0
-        print(f"[step] {line.name} {args.step}: no matching record: running it", flush=True)
+        why = "; ".join(altered) if altered else "no matching record"
+        print(f"[step] {line.name} {args.step}: {why}: running it", flush=True)
     start = time.monotonic()
     code = subprocess.run(command, cwd=forkbuild.ROOT).returncode
     seconds = round(time.monotonic() - start)
     altered = altered_settings(line)
-    if code == 0 and not os.environ.get("CI") and not altered and step_state(line, args.step, command) == before:
+    if (
+        code == 0
+        and not os.environ.get("CI")
+        and not altered
+        and step_state(line, args.step, command, args.environment) == before
+    ):
         entries = load(line)
         entries[args.step] = {
             "state": before,

