@@ -12,7 +12,7 @@ The 1.16.0 line (FSDP2): the same ``trl grpo`` launch, with a reward model (``--
 ``beta > 0``, runs twice: first on pristine TRL 1.16.0 (the unpatched tree ``tools/prove.py`` materializes in
 ``lines/1.16.0/build/trees/base``, first on ``PYTHONPATH``; the ranks' reports must show they imported it), then on
 the fork installed in this Python.  The summary compares what each rank holds of the reference and reward models:
-pristine 1.16.0 keeps the reward model a full replica on every rank under FSDP2, the fork (patches 0005-0007) shards
+pristine 1.16.0 keeps the reward model a full replica on every rank under FSDP2, the fork (patches 0004-0005) shards
 it.  It exits non-zero if a run failed, a rank imported the wrong ``trl``, or the fork did not shard both models.
 On CPU, accelerate >= 1.10 also needs ``tests/harness/accelerate110.py`` (preloaded): it answers ``MULTI_CPU``
 where accelerate would not start a distributed run on a machine without GPUs.
