@@ -549,8 +549,9 @@ def test_no_patch_test_imports_a_sibling_test_module_as_a_top_level_module():
 
 def pr_size_problem(text: str) -> str | None:
     """Why a patch (its file's text) is larger than one reviewable PR, or None: at most 420 added lines outside
-    tests/ and 8 files, unless a ``Spans-Files: N (why)`` trailer declares a mechanical change across trainers or
-    scripts (#38 item 12): then N must be the patch's file count and the reason must be given; the line limit stays."""
+    tests/ and 8 files, unless a ``Spans-Files: N (why)`` trailer (one line, in the header) declares a mechanical
+    change across trainers or scripts (#38 item 12): then N must be the patch's file count, 9 to 16, and the reason
+    must be given; the line limit stays."""
     files = re.findall(r"^diff --git a/(\S+) ", text, flags=re.M)
     added, current = 0, None
     for line in text.splitlines():
@@ -563,6 +564,8 @@ def pr_size_problem(text: str) -> str | None:
     declared = re.search(r"^Spans-Files: (\d+) \((.+)\)$", text.split("\ndiff --git ")[0], flags=re.M)
     if declared and int(declared.group(1)) != len(files):
         return f"Spans-Files declares {declared.group(1)} files, the diff has {len(files)}"
+    if declared and not 8 < len(files) <= 16:
+        return f"Spans-Files on a patch of {len(files)} files (it is for 9 to 16)"
     if len(files) > 8 and not declared:
         return f"{len(files)} files and no Spans-Files trailer saying why"
     return None
@@ -580,6 +583,10 @@ def test_a_patch_over_the_file_limit_must_declare_why():
         "Spans-Files declares 12 files, the diff has 9"
     )
     assert pr_size_problem(patch(9, "Spans-Files: 9\n")) == "9 files and no Spans-Files trailer saying why"
+    assert pr_size_problem(patch(8, "Spans-Files: 8 (x)\n")) == "Spans-Files on a patch of 8 files (it is for 9 to 16)"
+    assert (
+        pr_size_problem(patch(17, "Spans-Files: 17 (x)\n")) == "Spans-Files on a patch of 17 files (it is for 9 to 16)"
+    )
     big = patch(1).replace("+x = 0\n", "+x = 0\n" * 421)
     assert pr_size_problem(big.replace("Forwarded: no\n", "Forwarded: no\nSpans-Files: 1 (x)\n")) == (
         "421 added non-test lines"
