@@ -9,7 +9,7 @@ each LoRA adapter a unit of its own; under ZeRO-3, ``deepspeed.initialize``, eve
 ``VLLMGeneration._iter_named_params`` to a stand-in that reads each tensor on the main process, as GRPO's sync does
 (the other ranks take part in the gathers):
 
-- ``fork``: the fork's path (patch 0016): one unit gathered at a time, each LoRA layer merged into a copy; the first
+- ``fork``: the fork's path (patch 0012): one unit gathered at a time, each LoRA layer merged into a copy; the first
   sync of the freshly wrapped model, then ``fork again``, the second one;
 - ``pristine``: TRL 1.16.0's path, which the fork keeps for other PEFT methods (``_merges_per_unit`` forced off): every
   parameter gathered at once (ZeRO-3), ``merge_adapter()`` in place, read, ``unmerge_adapter()``. Measured after
@@ -69,7 +69,7 @@ def _tree_root():
 
     root = os.path.dirname(os.path.dirname(os.path.abspath(trl.__file__)))
     if not os.path.exists(os.path.join(root, "tests", "test_vllm_peft_sync_per_unit.py")):
-        sys.exit(f"{root}/tests: not the 1.16.0 line's tree with patch 0016's tests (run with lines/1.16.0/.venv)")
+        sys.exit(f"{root}/tests: not the 1.16.0 line's tree with patch 0012's tests (run with lines/1.16.0/.venv)")
     return root
 
 

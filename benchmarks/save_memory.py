@@ -5,7 +5,7 @@ At 2 CPU ranks (gloo), a randomly initialised Qwen2 model (``--layers/--hidden/-
 setup: each decoder layer a unit), then ``trainer.save_model(dir)`` runs on every rank. Variants, each in fresh
 processes:
 
-- ``sharded``: ``fsdp_state_dict_type: SHARDED_STATE_DICT``, the fork's save (0.16.1 patch 0038, 1.16.0 patch 0024;
+- ``sharded``: ``fsdp_state_dict_type: SHARDED_STATE_DICT``, the fork's save (0.16.1 patch 0038, 1.16.0 patch 0020;
   pristine TRL writes nothing here);
 - ``full`` (1.16.0 line only): ``FULL_STATE_DICT``, transformers' own save, the reference the issue sets ("no more than
   a full-state-dict save needs"); accelerate 1.6 (0.16.1 line) refuses it for FSDP2;

@@ -6,8 +6,8 @@ float32), each backend (``--backends``: FSDP2, ZeRO-3; the patches' CPU helpers 
 and each mode (``--modes``), 2 training processes (gloo) sync a freshly wrapped policy ``--reps`` times with
 ``VLLMGeneration.sync_weights``, the fork's path:
 
-- ``colocate``: a vLLM engine in each training process (patch 0026: vLLM's own reload on its CPU platform);
-- ``server``: a real ``trl vllm-serve --weight_transfer_backend gloo`` (patch 0032), one worker; the main process
+- ``colocate``: a vLLM engine in each training process (patch 0022: vLLM's own reload on its CPU platform);
+- ``server``: a real ``trl vllm-serve --weight_transfer_backend gloo`` (patch 0027), one worker; the main process
   streams the weights to it over gloo, the other takes part in the gathers.
 
 Measured on every process, for each sync: its wall time (both processes start together, after a barrier) and its
@@ -61,7 +61,7 @@ def _tree_root():
 
     root = os.path.dirname(os.path.dirname(os.path.abspath(trl.__file__)))
     if not os.path.exists(os.path.join(root, "tests", "test_vllm_gloo_weight_transfer.py")):
-        sys.exit(f"{root}/tests: not the 1.16.0 line's tree with patch 0032's tests (PYTHONPATH=lines/1.16.0/trl-src)")
+        sys.exit(f"{root}/tests: not the 1.16.0 line's tree with patch 0027's tests (PYTHONPATH=lines/1.16.0/trl-src)")
     return root
 
 

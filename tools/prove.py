@@ -282,7 +282,7 @@ def vllm_python() -> str | None:
 def _outside_the_tree(tree: Path, stem: str, tests: dict) -> list[str]:
     """The patch's test files (``tests``: paths in ``tree``) as they run on the series before the patch: from a copy
     of ``tree``'s ``tests/`` outside any tree. Where ``tests/`` is a package (``tests/__init__.py``, the 1.16.0 line
-    from patch 0005), pytest puts the directory above it first on ``sys.path``: run in place, the tests would import
+    from patch 0004), pytest puts the directory above it first on ``sys.path``: run in place, the tests would import
     the patched ``trl`` of ``tree`` instead of the tree under test (``PYTHONPATH``). Without a package the copy runs
     exactly as the files in place do."""
     scratch = LINE.build_dir / "prove-tests" / stem

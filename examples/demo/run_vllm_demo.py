@@ -25,7 +25,7 @@ What it does, offline and without a GPU:
 
 On CPU the launch needs the test harness's start-up shims (accelerate >= 1.10 starts no distributed run without GPUs;
 FSDP is kept on CPU processes), loaded through ``PYTHONPATH``; on GPUs none of them is involved. Pristine TRL 1.16.0
-has no sync check, and its colocate sync stops on vLLM's CPU platform (patch 0021 is what makes it land there).
+has no sync check, and its colocate sync stops on vLLM's CPU platform (patch 0022 is what makes it land there).
 
 Options run the same demo on other launches (``lines/1.16.0/tests/test_vllm_demo.py`` runs them): ``--backend
 zero3|ddp``, ``--num-processes 4``, ``--lora`` (a LoRA adapter on ``q_proj`` and ``v_proj``, merged into what vLLM

@@ -1,7 +1,7 @@
 """Demo-only start-up hook of ``run_vllm_demo.py``: what each rank's vLLM engine scores after every weight sync.
 
 Loaded into the ``trl grpo`` processes by the harness start-up hook (``TRL_HARNESS_PRELOAD``, see
-``tests/harness/_site/sitecustomize.py``). It wraps ``VLLMGeneration.check_sync`` (the fork's sync check, patch 0024,
+``tests/harness/_site/sitecustomize.py``). It wraps ``VLLMGeneration.check_sync`` (the fork's sync check, patch 0025,
 which the run turns on with ``--vllm_sync_check_tolerance``) and ``GRPOTrainer.__init__`` / ``train`` when their
 modules are imported. After each check it has the rank's own engine score the check's probe text once more and
 compares that with the checkpoint's log-probabilities (the model on disk, scored once in float32 on this rank): how far

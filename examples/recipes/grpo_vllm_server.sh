@@ -19,7 +19,7 @@
 # on 5,6,7), training the next NUM_GPUS-1; RECIPE_DRY_RUN=1 prints both commands with their CUDA_VISIBLE_DEVICES.
 # Only the trainer may change the server's weights: both get the token in VLLM_API_KEY (yours, or a random one made
 # here when it is unset; lines/0.16.1/docs/vllm_weight_sync.md#only-the-trainer-changes-the-weights-patch-0041,
-# lines/1.16.0/docs/vllm_sync.md#only-the-trainer-changes-the-weights-patch-0020).
+# lines/1.16.0/docs/vllm_sync.md#only-the-trainer-changes-the-weights-patch-0021).
 # Under FSDP2 the final model is saved whole, as from_pretrained loads it (lines/1.16.0/docs/saving.md,
 # lines/0.16.1/docs/saving.md); the checkpoints (every 500 steps) stay sharded and resume. Prompts are not truncated
 # on 1.16.0 (0.16.1: at 512 tokens, its default).

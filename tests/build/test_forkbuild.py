@@ -148,10 +148,10 @@ def test_test_needs_trailer_selects_the_tests_that_need_a_real_vllm():
     patch without it keeps its tests in the line's venv."""
     patches = forkbuild.get_line("1.16.0").patches
     needing = [name for name in forkbuild.read_series(patches) if forkbuild.patch_test_needs(patches / name)]
-    colocate = "0021-vLLM-colocate-sync-through-vLLM-s-own-reload-on-its-CPU-platform.patch"
+    colocate = "0022-vLLM-colocate-sync-through-vLLM-s-own-reload-on-its-CPU-platform.patch"
     assert (
         colocate in needing
-        and "0020-vLLM-server-a-token-guards-every-route-but-vLLM-s-probes-VLLM_API_KEY.patch" not in needing
+        and "0021-vLLM-server-a-token-guards-every-route-but-vLLM-s-probes-VLLM_API_KEY.patch" not in needing
     )
     assert forkbuild.patch_test_needs(patches / colocate) == {"vllm"}
     selected = forkbuild.patch_test_files(Path("/tree"), patches, needs="vllm")

@@ -13,7 +13,7 @@ arguments appended for a one-step run (the last value wins: ``--bf16 false``, sm
 those arguments after it, and they may repeat only the recipe's flags named in ``CPU_OVERRIDES`` (sizes and
 precision, never a flag that selects what the recipe shows). It checks that training finished, that ``OUTPUT_DIR``
 holds the trained model (``from_pretrained`` loads every parameter of the checkpoint at its shape, trained; under FSDP2
-too, since patches 0038-0040 on 0.16.1 and 0019 on 1.16.0) and that the main process logged the line the recipe tells
+too, since patches 0038-0040 on 0.16.1 and 0020 on 1.16.0) and that the main process logged the line the recipe tells
 the user to look for (where each frozen model lives). On 1.16.0 the launches also need the harness's accelerate >=
 1.10 shim (``tests/harness/accelerate110.py``, preloaded). A case the line lacks (PPO and a pairwise judge on 1.16.0)
 is skipped there; the recipe stops with one line instead (``test_recipe_stops_where_the_line_lacks_it``).

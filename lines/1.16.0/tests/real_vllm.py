@@ -1,5 +1,5 @@
 """What the line's real-vLLM tests (`make test-real-vllm`) share: the Python with vLLM's CPU build, and whether its vLLM
-takes `trl vllm-serve --weight_transfer_backend gloo` (patch 0026; refused before `GLOO_MIN_VLLM`, 0.31.0)."""
+takes `trl vllm-serve --weight_transfer_backend gloo` (patch 0027; refused before `GLOO_MIN_VLLM`, 0.31.0)."""
 
 import os
 import subprocess

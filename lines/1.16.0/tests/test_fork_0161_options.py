@@ -2,7 +2,7 @@
 
 The list is read from the 0.16.1 line's patches (``lines/0.16.1/patches``): each field a patch adds to a config class
 or to ``trl vllm-serve``'s arguments. A new 0.16.1 option, or a 0.16.1 file not mapped here, fails this test until the
-1.16.0 line either has the option or its parser refuses it (patch 0023, ``_FORK_0161_OPTIONS`` in
+1.16.0 line either has the option or its parser refuses it (patch 0024, ``_FORK_0161_OPTIONS`` in
 ``trl/scripts/utils.py``). For each option and each 1.16.0 parser that stands for the 0.16.1 class:
 
 - the parser has the option (the same name; the 0.16.1 line's meaning is checked by the patch that added it here), or

